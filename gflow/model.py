@@ -1,0 +1,351 @@
+"""The two-attention-layer transformer TF(M, H, d, D) of SPEC §2.
+
+Everything is computed from θ-independent *match tensors* of a sequence,
+never from the tensor-product features φ:
+
+- ``G[l, i, j] = 1{x_{q-i} = x_{l-j}}`` for keys ``l = 1..L`` (query ``q = L+1``),
+- ``Gs[l, i, j] = 1{x_{l-i} = x_{l-j}}`` for ``l = 1..L+1`` (``norm="layer"`` only),
+
+with zero padding (``x_j`` for ``j <= 0`` matches nothing). For head ``h``
+with attention ``s = softmax(w^(h))``, ``⟨v_q^(h), v_l^(h)⟩ = s^T G[l] s``.
+The selector's kernel ``⟨φ_q, φ_l⟩ = Σ_S c_S Π_{h∈S} ⟨v_q^(h), v_l^(h)⟩`` is
+the products matrix ``P[l, S]`` times ``c``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from .data import Sample, all_windows
+
+_NORMS = ("sum", "layer")
+
+
+def subsets(H: int, D: int) -> tuple[tuple[int, ...], ...]:
+    """The selector's index set ``𝒮 = {S ⊆ {1..H} : |S| <= D}``, empty set
+    included, ordered by size and then lexicographically (SPEC §2).
+
+    Heads are 1-based, so a set of heads reads as a set of offsets.
+    """
+    out = []
+    for r in range(0, D + 1):
+        out.extend(itertools.combinations(range(1, H + 1), r))
+    return tuple(out)
+
+
+def subset_label(S: tuple[int, ...]) -> str:
+    """``"∅"`` or ``"{1,2}"``."""
+    return "∅" if len(S) == 0 else "{" + ",".join(map(str, S)) + "}"
+
+
+class ModelConfig(eqx.Module):
+    """Sizes and normalisation of TF(M, H, d, D).
+
+    - `M`: window of the relative positional embedding (offsets ``1..M``).
+    - `H`: number of heads of the first attention layer.
+    - `D`: maximal size of a selected set of heads, ``0 <= D <= H``.
+    - `norm`: ``"sum"`` (default, the reference simulations: ``Z = Σ_S c_S``)
+      or ``"layer"`` (exact layer normalisation, ``Z = ‖φ_q‖‖φ_l‖``).
+    """
+
+    M: int = eqx.field(static=True, default=3)
+    H: int = eqx.field(static=True, default=3)
+    D: int = eqx.field(static=True, default=2)
+    norm: Literal["sum", "layer"] = eqx.field(static=True, default="sum")
+
+    def __check_init__(self):
+        for name in ("M", "H"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"model.{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.D, (int, np.integer)) or not 0 <= self.D <= self.H:
+            raise ValueError(f"model.D must be an integer in [0, H={self.H}], got {self.D!r}")
+        if self.norm not in _NORMS:
+            raise ValueError(f"model.norm must be one of {_NORMS}, got {self.norm!r}")
+
+    @property
+    def subsets(self) -> tuple[tuple[int, ...], ...]:
+        return subsets(self.H, self.D)
+
+    @property
+    def membership(self) -> np.ndarray:
+        """``(|𝒮|, H)`` 0/1 matrix: ``[S, h-1] = 1{h ∈ S}``."""
+        m = np.zeros((len(self.subsets), self.H))
+        for r, S in enumerate(self.subsets):
+            for h in S:
+                m[r, h - 1] = 1.0
+        return m
+
+
+class InitConfig(eqx.Module):
+    """The paper's initialisation (SPEC §4): ``w^(h)_i = w_plus`` if ``i = h``
+    else ``w_minus``; ``C_S = c0`` for every S; ``a = a0``."""
+
+    w_plus: float = 3.0
+    w_minus: float = 0.1
+    c0: float = 0.01
+    a0: float = 0.01
+
+    def __check_init__(self):
+        for name in ("w_plus", "w_minus", "c0", "a0"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"init.{name} must be finite, got {getattr(self, name)!r}")
+        if self.c0 == 0:
+            raise ValueError("init.c0 must be non-zero (c_S = c0² would vanish and Σc = 0), got 0")
+
+
+class Params(eqx.Module):
+    """θ = (w, C, a): RPE weights ``(H, M)``, selector weights ``(|𝒮|,)`` with
+    ``c_S = C_S²``, classifier scale (scalar)."""
+
+    w: Float[Array, "H M"]
+    C: Float[Array, " nS"]
+    a: Float[Array, ""]
+
+    @property
+    def s(self) -> Float[Array, "H M"]:
+        """Copier attention ``s^(h) = softmax(w^(h))``."""
+        return jax.nn.softmax(self.w, axis=-1)
+
+    @property
+    def c(self) -> Float[Array, " nS"]:
+        return self.C**2
+
+    @property
+    def c_frac(self) -> Float[Array, " nS"]:
+        """``c / Σc``."""
+        c = self.C**2
+        return c / c.sum()
+
+
+def init_params(model: ModelConfig, init: InitConfig = InitConfig(), *, dtype=jnp.float64) -> Params:
+    """The paper's initialisation (requires ``H <= M``: head h starts on offset h)."""
+    if model.H > model.M:
+        raise ValueError(f"the paper's initialisation needs model.H <= model.M, got H={model.H}, M={model.M}")
+    eye = np.eye(model.H, model.M)
+    w = jnp.asarray(init.w_minus + (init.w_plus - init.w_minus) * eye, dtype)
+    C = jnp.full((len(model.subsets),), init.c0, dtype)
+    return Params(w=w, C=C, a=jnp.asarray(init.a0, dtype))
+
+
+# ---------------------------------------------------------------------------
+# Match tensors
+# ---------------------------------------------------------------------------
+
+
+def _shifted(X: Int[Array, " L"], M: int) -> Int[Array, "L1 M"]:
+    """``T[l-1, i-1] = x_{l-i}`` for ``l = 1..L+1``, ``i = 1..M``; -1 for padding."""
+    L = X.shape[0]
+    pad = jnp.concatenate([jnp.full((M,), -1, X.dtype), X])  # x_j at index M + j - 1
+    l = np.arange(1, L + 2)[:, None]
+    i = np.arange(1, M + 1)[None, :]
+    return pad[M + l - i - 1]
+
+
+def match_tensors(X: Int[Array, " L"], M: int, *, self_match: bool, dtype=jnp.float64):
+    """Match tensors of one sequence (see module docstring)."""
+    T = _shifted(X, M)  # (L+1, M)
+    q = T[-1]  # query's offsets x_{q-i}
+    G = (q[None, :, None] == T[:-1, None, :]) & (q[None, :, None] >= 0)
+    G = G.reshape(X.shape[0], M * M).astype(dtype)
+    Gs = None
+    if self_match:
+        Gs = (T[:, :, None] == T[:, None, :]) & (T[:, :, None] >= 0)
+        Gs = Gs.reshape(X.shape[0] + 1, M * M).astype(dtype)
+    return G, Gs
+
+
+class PositionFeatures(eqx.Module):
+    """Per-position inputs of the model (the general layout).
+
+    - `X`: tokens ``(N, L)``.
+    - `G`: query–key match tensor, ``(N, L, M*M)`` (flattened ``(i, j)``).
+    - `Gs`: self-match tensor of positions ``1..L+1``, ``(N, L+1, M*M)``,
+      or ``None`` for ``norm="sum"``.
+    - `cond`: ``π(· | z_q)``, ``(N, d)``.
+    """
+
+    X: Int[Array, "N L"]
+    G: Float[Array, "N L MM"]
+    Gs: Float[Array, "N L1 MM"] | None
+    cond: Float[Array, "N d"]
+
+
+class CountFeatures(eqx.Module):
+    """Window counts of each sequence (the fast layout, exact).
+
+    - `qcode`: code of the query's window, ``(N,)``.
+    - `counts`: ``counts[n, k, e] = #{l <= L : window of l is k, x_l = e}``,
+      ``(N, (d+1)**M, d)``.
+    - `cond`: ``π(· | z_q)``, ``(N, d)``.
+    """
+
+    qcode: Int[Array, " N"]
+    counts: Float[Array, "N K d"]
+    cond: Float[Array, "N d"]
+
+
+def features(sample: Sample, model: ModelConfig, *, layout: str = "counts", dtype=jnp.float64):
+    """θ-independent inputs of every sequence of a sample (computed once).
+
+    ``layout="counts"`` gives :class:`CountFeatures`, ``"positions"``
+    :class:`PositionFeatures`. Both give the same loss to rounding.
+    """
+    if layout == "counts":
+        return _count_features(sample.X, sample.cond, model, dtype)
+    if layout == "positions":
+        return _position_features(sample.X, sample.cond, model, dtype)
+    raise ValueError(f"estimator.layout must be one of ('auto', 'counts', 'positions'), got {layout!r}")
+
+
+@eqx.filter_jit
+def _position_features(X, cond, model, dtype):
+    G, Gs = jax.vmap(lambda x: match_tensors(x, model.M, self_match=model.norm == "layer", dtype=dtype))(X)
+    return PositionFeatures(X=X, G=G, Gs=Gs, cond=cond.astype(dtype))
+
+
+@eqx.filter_jit
+def _count_features(X, cond, model, dtype):
+    d = cond.shape[-1]
+    K = window_code_count(d, model.M)
+
+    def one(x):
+        codes = window_codes(x, model.M, d)
+        cnt = jnp.zeros(K * d, dtype).at[codes[:-1] * d + x].add(1.0)
+        return codes[-1], cnt.reshape(K, d)
+
+    qcode, counts = jax.vmap(one)(X)
+    return CountFeatures(qcode=qcode, counts=counts, cond=cond.astype(dtype))
+
+
+# ---------------------------------------------------------------------------
+# The kernel tabulated on windows (the fast path)
+# ---------------------------------------------------------------------------
+#
+# ``G[l]`` depends on a sequence only through the query's window
+# ``(x_{q-1}, …, x_{q-M})`` and key l's window ``(x_{l-1}, …, x_{l-M})``, with
+# symbol ``d`` standing for padding. So κ is a θ-dependent table over pairs of
+# windows, and the sample enters only through which windows occur with which
+# next token (the counts in :class:`CountFeatures`). Exact, and independent of
+# L: ``(d+1)**M`` windows per side.
+
+
+def window_code_count(d: int, M: int) -> int:
+    """Number of windows over the padded alphabet, ``(d+1)**M``."""
+    return (d + 1) ** M
+
+
+def window_onehots(d: int, M: int) -> np.ndarray:
+    """``OH[k, j-1, e] = 1{window k has token e at offset j}``, ``((d+1)**M, M, d)``;
+    padding (symbol ``d``) is the zero vector, as ``e(x_j) = 0`` for ``j <= 0``."""
+    W = all_windows(d + 1, M)
+    return (W[:, :, None] == np.arange(d)[None, None, :]).astype(np.float64)
+
+
+def window_codes(X: Int[Array, " L"], M: int, d: int) -> Int[Array, " L1"]:
+    """Code of the window ``(x_{l-1}, …, x_{l-M})`` of every position ``l = 1..L+1``
+    (offset 1 most significant; padding is symbol ``d``)."""
+    T = _shifted(X, M)
+    T = jnp.where(T < 0, d, T)
+    return (T * jnp.asarray((d + 1) ** np.arange(M - 1, -1, -1), T.dtype)).sum(-1)
+
+
+def kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int):
+    """κ for every (query window, key window) pair, ``((d+1)**M, (d+1)**M)``.
+
+    ``v^(h)`` of a window is ``Σ_j s^(h)_j e(x_{-j})``; ``⟨v_q^(h), v_k^(h)⟩`` is a
+    Gram matrix; the rest is SPEC §2 verbatim.
+    """
+    s = jax.nn.softmax(w, axis=-1)
+    OH = jnp.asarray(window_onehots(d, model.M), w.dtype)
+    V = jnp.einsum("hj,kje->hke", s, OH)  # (H, K, d)
+    inner = jnp.einsum("hqe,hke->qkh", V, V)  # (K, K, H)
+    m = jnp.asarray(model.membership, w.dtype)
+    P = jnp.prod(1.0 + m[None, None] * (inner[:, :, None, :] - 1.0), axis=-1)  # (K, K, nS)
+    c = C**2
+    num = P @ c
+    if model.norm == "sum":
+        return num / c.sum()
+    idx = np.arange(P.shape[0])
+    sq = P[idx, idx] @ c  # ‖φ‖² of each window
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq[:, None] * sq[None, :], tiny))
+
+
+# ---------------------------------------------------------------------------
+# The forward map, one sequence at a time (batch with vmap)
+# ---------------------------------------------------------------------------
+
+
+def head_inner(w: Float[Array, "H M"], G: Float[Array, "L MM"]) -> Float[Array, "L H"]:
+    """``⟨v_q^(h), v_l^(h)⟩ = Σ_ij s_hi s_hj G[l, i, j]``."""
+    s = jax.nn.softmax(w, axis=-1)
+    ss = (s[:, :, None] * s[:, None, :]).reshape(s.shape[0], -1)  # (H, M*M)
+    return G @ ss.T
+
+
+def subset_products(inner: Float[Array, "L H"], membership: np.ndarray) -> Float[Array, "L nS"]:
+    """``P[l, S] = Π_{h∈S} inner[l, h]`` (1 for the empty set)."""
+    m = jnp.asarray(membership, inner.dtype)  # (nS, H)
+    return jnp.prod(1.0 + m[None, :, :] * (inner[:, None, :] - 1.0), axis=-1)
+
+
+def products(w, G, Gs, model: ModelConfig):
+    """The θ_w-dependent part of the kernel: ``P`` (keys) and, for
+    ``norm="layer"``, ``Ps`` (self products of positions 1..L+1)."""
+    P = subset_products(head_inner(w, G), model.membership)
+    Ps = None
+    if model.norm == "layer":
+        Ps = subset_products(head_inner(w, Gs), model.membership)
+    return P, Ps
+
+
+def kappa_from_products(C, P, Ps, model: ModelConfig) -> Float[Array, " L"]:
+    """The selector's normalised kernel κ_l (SPEC §2)."""
+    c = C**2
+    num = P @ c
+    if model.norm == "sum":
+        return num / c.sum()
+    sq = Ps @ c  # ‖φ_l‖² for l = 1..L+1
+    # ‖φ_l‖² >= c_∅ > 0; the floor only guards an all-zero C.
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq[:-1] * sq[-1], tiny))
+
+
+def kappa(params: Params, G, Gs, model: ModelConfig) -> Float[Array, " L"]:
+    P, Ps = products(params.w, G, Gs, model)
+    return kappa_from_products(params.C, P, Ps, model)
+
+
+def predict_from_kappa(a, kap: Float[Array, " L"], X: Int[Array, " L"], d: int) -> Float[Array, " d"]:
+    """Attention layer 2: ``ŷ = Σ_l softmax_l(a κ_l) e(x_l)``."""
+    attn = jax.nn.softmax(a * kap)
+    return jax.nn.one_hot(X, d, dtype=attn.dtype).T @ attn
+
+
+def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "K d"]) -> Float[Array, " d"]:
+    """Attention layer 2 on window counts: ``ŷ_e = Σ_k e^{a κ_k} n_{k,e} / Σ_k e^{a κ_k} n_k``,
+    with ``row[k] = κ(query window, window k)``; the same ``ŷ`` as
+    :func:`predict_from_kappa`, grouped by key window."""
+    n = counts.sum(-1)
+    present = n > 0
+    z = a * row
+    zmax = jax.lax.stop_gradient(jnp.max(jnp.where(present, z, -jnp.inf)))
+    # double where: absent windows must not feed exp() an overflow whose
+    # (masked) gradient would still be NaN.
+    E = jnp.where(present, jnp.exp(jnp.where(present, z, zmax) - zmax), 0.0)
+    return (E @ counts) / (E @ n)
+
+
+def predict(params: Params, X: Int[Array, " L"], model: ModelConfig, d: int) -> Float[Array, " d"]:
+    """ŷ for one raw sequence ``X = (x_1..x_L)`` from its match tensors (the
+    reference implementation of SPEC §2; the loss uses precomputed features)."""
+    G, Gs = match_tensors(X, model.M, self_match=model.norm == "layer", dtype=params.w.dtype)
+    return predict_from_kappa(params.a, kappa(params, G, Gs, model), X, d)
