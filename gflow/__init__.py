@@ -30,3 +30,10 @@ try:
     __version__ = importlib.metadata.version("gflow")
 except importlib.metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
+
+from .config import Config as Config
+from .config import load_config as load_config
+from .flow import FlowError as FlowError
+from .flow import integrate as integrate
+from .trajectory import Trajectory as Trajectory
+from .trajectory import load as load

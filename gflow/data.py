@@ -76,8 +76,8 @@ class DataConfig(eqx.Module):
             raise ValueError(f"data.parents must be positive offsets, got {p}")
         if any(b <= a for a, b in zip(p, p[1:])):
             raise ValueError(f"data.parents must be strictly increasing (sorted, no duplicates), got {p}")
-        if not float(self.alpha) > 0:
-            raise ValueError(f"data.alpha must be > 0, got {self.alpha!r}")
+        if not (np.isfinite(float(self.alpha)) and float(self.alpha) > 0):
+            raise ValueError(f"data.alpha must be a finite number > 0, got {self.alpha!r}")
         if not isinstance(self.L, (int, np.integer)) or self.L < max(p):
             raise ValueError(f"data.L must be an integer >= the largest parent offset {max(p)}, got {self.L!r}")
         if self.start not in _STARTS:

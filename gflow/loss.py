@@ -197,27 +197,150 @@ class PopulationLoss(eqx.Module):
             return self._vmap_positions(jax.value_and_grad(self._one_positions))(
                 params, f.X, f.G, f.Gs, f.cond
             )
-        # Chain rule through the shared table: the per-sequence gradient with
-        # respect to (a, its row of κ), then the table's Jacobian (16 tangents).
-        table = self._table(params.w, params.C)
-        vg = jax.vmap(jax.value_and_grad(self._one_counts, argnums=(0, 1)), in_axes=(None, 0, 0, 0))
-        ls, (ga, grow) = vg(params.a, table[f.qcode], f.counts, f.cond)
-        Jw, JC = jax.jacfwd(self._table, argnums=(0, 1))(params.w, params.C)
-        gw = jnp.einsum("nk,nkhm->nhm", grow, Jw[f.qcode])
-        gC = jnp.einsum("nk,nks->ns", grow, JC[f.qcode])
-        return ls, Params(w=gw, C=gC, a=ga)
+        # Each sequence needs only its query's row of the κ table.
+        def one(p: Params, q, counts, cond):
+            row = _model.kappa_row(p.w, p.C, q, self.model, self.d)
+            return self._one_counts(p.a, row, counts, cond)
 
-    def stats(self, params: Params) -> LossStats:
-        """Loss, gradient and their Monte Carlo standard errors
-        (``std/sqrt(N)`` of the i.i.d. per-sequence values)."""
-        ls, gs = self.per_sequence_grads(params)
+        return jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0, 0))(params, f.qcode, f.counts, f.cond)
+
+    def batch_grads(self, params: Params, batches: int) -> tuple[Float[Array, " B"], Params]:
+        """Mean gradients over ``B`` disjoint batches of sequences (sequence
+        ``n`` in batch ``n mod B``) and each batch's share ``n_b/N``.
+
+        This is how the standard errors of the gradient are estimated (batch
+        means, SPEC §5). For the counts layout it costs about one gradient:
+        per-sequence gradients with respect to (a, the sequence's row of κ)
+        are summed per batch and query window, then mapped to (w, C) by the
+        Jacobian of the κ table.
+        """
+        N = self.N
+        B = max(1, min(int(batches), N))
+        bid = np.arange(N) % B
+        n_b = np.bincount(bid, minlength=B).astype(np.float64)
+        share = jnp.asarray(n_b / N, self.eps.dtype)
+        f = self.feats
+        if isinstance(f, CountFeatures):
+            table = self._table(params.w, params.C)
+            vg = jax.vmap(jax.grad(self._one_counts, argnums=(0, 1)), in_axes=(None, 0, 0, 0))
+            ga, grow = vg(params.a, table[f.qcode], f.counts, f.cond)
+            Q = table.shape[0]
+            T = jax.ops.segment_sum(grow, jnp.asarray(bid) * Q + f.qcode, num_segments=B * Q)
+            T = T.reshape(B, Q, -1) / jnp.asarray(n_b, T.dtype)[:, None, None]
+            Jw, JC = jax.jacfwd(self._table, argnums=(0, 1))(params.w, params.C)
+            gb = Params(
+                w=jnp.einsum("bqk,qkhm->bhm", T, Jw),
+                C=jnp.einsum("bqk,qks->bs", T, JC),
+                a=jax.ops.segment_sum(ga, jnp.asarray(bid), num_segments=B) / jnp.asarray(n_b, ga.dtype),
+            )
+            return share, gb
+        nb = -(-N // B)
+        idx = np.arange(B * nb)
+        real = idx < N
+        order = np.where(real, idx, 0).reshape(nb, B).T  # (B, nb), batch b holds n ≡ b mod B
+        wts = jnp.asarray(real.reshape(nb, B).T, self.eps.dtype)
+        feats_b = jax.tree.map(lambda x: x[order], f)
+
+        def batch_loss(p, fb, wb):
+            sub = eqx.tree_at(lambda L: L.feats, self, fb)
+            return jnp.sum(wb * sub.per_sequence(p)) / jnp.sum(wb)
+
+        return share, jax.vmap(jax.grad(batch_loss), in_axes=(None, 0, 0))(params, feats_b, wts)
+
+    def stats(self, params: Params, *, batches: int = 64) -> LossStats:
+        """Loss, gradient and their Monte Carlo standard errors.
+
+        The loss's standard error is ``std/sqrt(N)`` of the i.i.d.
+        per-sequence losses; the gradient's comes from ``batches`` batch
+        means (``SE² = B/(B−1) Σ_b (n_b/N)² (ḡ_b − ḡ)²``, which is
+        ``std_b/sqrt(B)`` for equal batches), at the cost of one gradient.
+        The mean gradient is exactly ``∇L̂`` (the share-weighted batch means).
+        """
+        ls = self.per_sequence(params)
         loss, loss_se = _mean_se(ls)
-        ms = jax.tree.map(_mean_se, gs)
-        g = jax.tree.map(lambda t: t[0], ms, is_leaf=lambda t: isinstance(t, tuple))
-        g_se = jax.tree.map(lambda t: t[1], ms, is_leaf=lambda t: isinstance(t, tuple))
+        share, gb = self.batch_grads(params, batches)
+        B = share.shape[0]
+
+        def combine(x):
+            sh = share.reshape((B,) + (1,) * (x.ndim - 1))
+            g = jnp.sum(sh * x, axis=0)
+            var = jnp.sum(sh**2 * (x - g) ** 2, axis=0) * (B / max(B - 1, 1))
+            return g, jnp.sqrt(var)
+
+        both = jax.tree.map(combine, gb)
+        is_pair = lambda t: isinstance(t, tuple)  # noqa: E731
+        g = jax.tree.map(lambda t: t[0], both, is_leaf=is_pair)
+        g_se = jax.tree.map(lambda t: t[1], both, is_leaf=is_pair)
         return LossStats(
             loss=loss, loss_se=loss_se, unseen=self.unseen(), grad=g, grad_se=g_se, grad_norm=_tree_norm(g)
         )
+
+
+class StageLoss(eqx.Module):
+    """``L̂`` as a function of the moving blocks only (a stage of the flow).
+
+    What depends only on the frozen blocks is computed once, at
+    construction: with only ``a`` moving, κ of every sequence; with only
+    ``C`` moving, the products ``Π_{h∈S}⟨v_q^(h), v_l^(h)⟩``. Call it with a
+    dict ``{block: value}`` of the moving blocks.
+    """
+
+    loss: PopulationLoss
+    frozen: Params
+    moves: tuple[str, ...] = eqx.field(static=True)
+    cache: object = None
+
+    def __init__(self, loss: PopulationLoss, params: Params, moves: tuple[str, ...]):
+        self.loss, self.frozen, self.moves = loss, params, tuple(moves)
+        f = loss.feats
+        if self.moves == ("a",):
+            if isinstance(f, PositionFeatures):
+                self.cache = jax.vmap(_model.kappa, in_axes=(None, 0, 0 if f.Gs is not None else None, None))(
+                    params, f.G, f.Gs, loss.model
+                )
+            else:
+                self.cache = loss._table(params.w, params.C)[f.qcode]
+        elif self.moves == ("C",):
+            if isinstance(f, PositionFeatures):
+                Gs_axis = 0 if f.Gs is not None else None
+                self.cache = jax.vmap(_model.products, in_axes=(None, 0, Gs_axis, None))(
+                    params.w, f.G, f.Gs, loss.model
+                )
+            else:
+                self.cache = _model.window_products(params.w, loss.model, loss.d)
+        else:
+            self.cache = None
+
+    def full(self, y: dict) -> Params:
+        """The whole θ with the moving blocks set to ``y``."""
+        return Params(**{b: y.get(b, getattr(self.frozen, b)) for b in ("w", "C", "a")})
+
+    def init(self) -> dict:
+        return {b: getattr(self.frozen, b) for b in self.moves}
+
+    def __call__(self, y: dict) -> Float[Array, ""]:
+        L, f = self.loss, self.loss.feats
+        if self.moves == ("a",):
+            a = y["a"]
+            if isinstance(f, PositionFeatures):
+                one = lambda kap, X, cond: sequence_loss(  # noqa: E731
+                    _model.predict_from_kappa(a, kap, X, L.d), cond, L.eps, L.kind
+                )
+                return jnp.mean(jax.vmap(one)(self.cache, f.X, f.cond))
+            return jnp.mean(jax.vmap(L._one_counts, in_axes=(None, 0, 0, 0))(a, self.cache, f.counts, f.cond))
+        if self.moves == ("C",):
+            C, a = y["C"], self.frozen.a
+            if isinstance(f, PositionFeatures):
+                P, Ps = self.cache
+
+                def one(P, Ps, X, cond):
+                    kap = _model.kappa_from_products(C, P, Ps, L.model)
+                    return sequence_loss(_model.predict_from_kappa(a, kap, X, L.d), cond, L.eps, L.kind)
+
+                return jnp.mean(jax.vmap(one, in_axes=(0, 0 if Ps is not None else None, 0, 0))(P, Ps, f.X, f.cond))
+            rows = _model.kappa_from_window_products(C, self.cache, L.model)[f.qcode]
+            return jnp.mean(jax.vmap(L._one_counts, in_axes=(None, 0, 0, 0))(a, rows, f.counts, f.cond))
+        return L(self.full(y))
 
 
 def make_loss(

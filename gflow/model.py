@@ -257,18 +257,24 @@ def window_codes(X: Int[Array, " L"], M: int, d: int) -> Int[Array, " L1"]:
     return (T * jnp.asarray((d + 1) ** np.arange(M - 1, -1, -1), T.dtype)).sum(-1)
 
 
-def kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int):
-    """κ for every (query window, key window) pair, ``((d+1)**M, (d+1)**M)``.
+def window_products(w: Float[Array, "H M"], model: ModelConfig, d: int) -> Float[Array, "K K nS"]:
+    """``P[q, k, S] = Π_{h∈S} ⟨v^(h)(window q), v^(h)(window k)⟩`` for every pair
+    of padded windows: the w-dependent part of κ.
 
-    ``v^(h)`` of a window is ``Σ_j s^(h)_j e(x_{-j})``; ``⟨v_q^(h), v_k^(h)⟩`` is a
-    Gram matrix; the rest is SPEC §2 verbatim.
+    ``v^(h)`` of a window is ``Σ_j s^(h)_j e(x_{-j})``, so the inner products
+    are a Gram matrix per head.
     """
     s = jax.nn.softmax(w, axis=-1)
     OH = jnp.asarray(window_onehots(d, model.M), w.dtype)
     V = jnp.einsum("hj,kje->hke", s, OH)  # (H, K, d)
     inner = jnp.einsum("hqe,hke->qkh", V, V)  # (K, K, H)
     m = jnp.asarray(model.membership, w.dtype)
-    P = jnp.prod(1.0 + m[None, None] * (inner[:, :, None, :] - 1.0), axis=-1)  # (K, K, nS)
+    # where(), not 1 + m (inner - 1): the latter rounds inner products below 1e-16 to 0.
+    return jnp.prod(jnp.where(m[None, None] > 0, inner[:, :, None, :], 1.0), axis=-1)
+
+
+def kappa_from_window_products(C: Float[Array, " nS"], P: Float[Array, "K K nS"], model: ModelConfig):
+    """κ on window pairs from :func:`window_products` (SPEC §2's normalisations)."""
     c = C**2
     num = P @ c
     if model.norm == "sum":
@@ -277,6 +283,28 @@ def kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConf
     sq = P[idx, idx] @ c  # ‖φ‖² of each window
     tiny = jnp.finfo(sq.dtype).tiny
     return num / jnp.sqrt(jnp.maximum(sq[:, None] * sq[None, :], tiny))
+
+
+def kappa_row(w: Float[Array, "H M"], C: Float[Array, " nS"], q, model: ModelConfig, d: int) -> Float[Array, " K"]:
+    """One row ``κ[q, :]`` of :func:`kappa_table` (for per-sequence gradients)."""
+    s = jax.nn.softmax(w, axis=-1)
+    OH = jnp.asarray(window_onehots(d, model.M), w.dtype)
+    V = jnp.einsum("hj,kje->hke", s, OH)  # (H, K, d)
+    m = jnp.asarray(model.membership, w.dtype)
+    prod = lambda inner: jnp.prod(jnp.where(m[None] > 0, inner[:, None, :], 1.0), axis=-1)  # noqa: E731
+    P = prod(jnp.einsum("he,hke->kh", V[:, q], V))  # (K, nS)
+    c = C**2
+    num = P @ c
+    if model.norm == "sum":
+        return num / c.sum()
+    sq = prod(jnp.einsum("hke,hke->kh", V, V)) @ c
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq * sq[q], tiny))
+
+
+def kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int):
+    """κ for every (query window, key window) pair, ``((d+1)**M, (d+1)**M)``."""
+    return kappa_from_window_products(C, window_products(w, model, d), model)
 
 
 # ---------------------------------------------------------------------------
@@ -294,7 +322,9 @@ def head_inner(w: Float[Array, "H M"], G: Float[Array, "L MM"]) -> Float[Array, 
 def subset_products(inner: Float[Array, "L H"], membership: np.ndarray) -> Float[Array, "L nS"]:
     """``P[l, S] = Π_{h∈S} inner[l, h]`` (1 for the empty set)."""
     m = jnp.asarray(membership, inner.dtype)  # (nS, H)
-    return jnp.prod(1.0 + m[None, :, :] * (inner[:, None, :] - 1.0), axis=-1)
+    # where(), not 1 + m (inner - 1): the latter rounds inner products below 1e-16
+    # to 0, which matters for norm="layer" when ‖φ_l‖ is itself tiny.
+    return jnp.prod(jnp.where(m[None, :, :] > 0, inner[:, None, :], 1.0), axis=-1)
 
 
 def products(w, G, Gs, model: ModelConfig):

@@ -1,0 +1,126 @@
+"""The ``gflow`` command.
+
+- ``gflow run [CONFIG] --out DIR``: integrate the flow of a TOML
+  configuration (none: the paper's default staged run), write the trajectory,
+  the check report and the figures into DIR.
+- ``gflow theory [CONFIG] [--json]``: the paper's predictions for a
+  configuration, without integrating anything.
+- ``gflow check DIR``: compare a saved run with the theory; writes
+  ``report.json`` and ``report.md`` into DIR and prints the table.
+- ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gflow", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="integrate a flow, then check it and plot it")
+    r.add_argument("config", nargs="?", help="TOML configuration (default: the paper's default run)")
+    r.add_argument("--out", required=True, help="output folder")
+    r.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    r.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
+    r.add_argument("--no-check", action="store_true", help="skip the check report")
+    r.add_argument("--no-plot", action="store_true", help="skip the figures")
+    r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help="figure format")
+    r.add_argument("--quiet", action="store_true")
+
+    t = sub.add_parser("theory", help="the theory's predictions for a configuration")
+    t.add_argument("config", nargs="?")
+    t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
+
+    c = sub.add_parser("check", help="compare a saved run with the theory")
+    c.add_argument("dir")
+
+    pl = sub.add_parser("plot", help="draw the figures of a saved run")
+    pl.add_argument("dir")
+    pl.add_argument("--out", help="figure folder (default DIR/figures)")
+    pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"gflow {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    from .config import load_config
+
+    if args.cmd == "run":
+        from .flow import FlowError, integrate
+
+        cfg = load_config(args.config)
+        if args.progress:
+            cfg = cfg.replace(solver={"progress": True})
+        out = Path(args.out)
+        if not args.quiet:
+            print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            traj = integrate(cfg, out=out, resume=args.resume, verbose=not args.quiet)
+        except FlowError as e:
+            print(f"gflow run: {e}", file=sys.stderr)
+            return 1
+        if not args.quiet:
+            for st in traj.stages:
+                print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
+                      f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s")  # fmt: skip
+            print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
+        if not args.no_check:
+            _check(out, quiet=args.quiet)
+        if not args.no_plot:
+            _plot(out, out / "figures", args.format, quiet=args.quiet)
+        return 0
+
+    if args.cmd == "theory":
+        from .theory import format_theory, theory_report
+
+        cfg = load_config(args.config)
+        rep = theory_report(cfg.data, cfg.model, cfg.estimator, init=cfg.init, n_pi=args.n_pi)
+        print(json.dumps(rep, indent=2) if args.json else format_theory(rep))
+        return 0
+
+    if args.cmd == "check":
+        ok = _check(Path(args.dir), quiet=False)
+        return 0 if ok else 1
+
+    if args.cmd == "plot":
+        d = Path(args.dir)
+        _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
+        return 0
+    raise AssertionError(args.cmd)
+
+
+def _check(out: Path, *, quiet: bool) -> bool:
+    from .checks import check_run
+
+    rep = check_run(out)
+    if not quiet:
+        print(rep.table())
+    return rep.passed
+
+
+def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
+    from .plot import plot_run
+
+    paths = plot_run(out, figdir, fmt=fmt)
+    if not quiet:
+        print(f"  figures: {', '.join(str(p) for p in paths)}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Run configuration: data, model, initialisation, schedule, solver, estimator.
+
+Every field has the SPEC's default (the paper's simulations), so ``Config()``
+— or an empty TOML file — is the paper's default run. A TOML file has one
+table per section::
+
+    [data]
+    L = 40
+    parents = [1, 2]
+
+    [schedule]
+    kind = "staged"
+    durations = [1e3, 1e9, 1e5]
+
+Unknown sections or keys, and bad values, raise ``ValueError`` naming the
+key (``data.L``), before anything is computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import equinox as eqx
+import numpy as np
+
+from .data import DataConfig
+from .loss import EstimatorConfig
+from .model import InitConfig, ModelConfig
+
+_KINDS = ("staged", "joint")
+_METHODS = ("tsit5", "kvaerno5", "gd")
+
+
+def _floats(x) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in x)
+    except TypeError:
+        return (float(x),)
+
+
+class ScheduleConfig(eqx.Module):
+    """Which parameter blocks move, and for how long (SPEC §4).
+
+    - `kind`: ``"staged"`` (the paper: Stage I moves only C, Stage II only w,
+      Stage III only a) or ``"joint"`` (extension: all blocks at once with
+      time scales ``eta_w, eta_C, eta_a``).
+    - `durations`: staged only; the maximal duration of each stage, in flow
+      time. Defaults ``(1e3, 1e10, 1e4)``: Stages I and II normally end at
+      their events (Stage II is slow, its rate proportional to ``a0``, so its
+      cap is generous); Stage III runs its whole duration, by default well
+      past the time ``~e^{a*}/C*`` (a few hundred at the default) at which a
+      settles at the finite-L fixed point a*, after which nothing moves. Stage k starts where stage k−1 ended.
+    - `delta`: the event threshold δ. Stage I ends when
+      ``max_S c_S/Σc >= 1 − δ``; Stage II when ``s^(h)_h >= 1 − δ`` for every
+      head h of the selected set. Default ``0.01``.
+    - `events`: end Stages I and II at their events (default) or only at
+      their durations.
+    - `t1`: joint only; the end time (default ``1e6``).
+    - `eta_w`, `eta_C`, `eta_a`: per-block time scales Λ (joint; the staged
+      schedule uses them too, as the speed of the block that moves). All 1.
+    """
+
+    kind: Literal["staged", "joint"] = eqx.field(static=True, default="staged")
+    durations: tuple[float, ...] = eqx.field(static=True, default=(1e3, 1e10, 1e4), converter=_floats)
+    delta: float = eqx.field(static=True, default=0.01)
+    events: bool = eqx.field(static=True, default=True)
+    t1: float = eqx.field(static=True, default=1e6)
+    eta_w: float = eqx.field(static=True, default=1.0)
+    eta_C: float = eqx.field(static=True, default=1.0)
+    eta_a: float = eqx.field(static=True, default=1.0)
+
+    def __check_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"schedule.kind must be one of {_KINDS}, got {self.kind!r}")
+        if len(self.durations) != 3 or not all(math.isfinite(x) and x > 0 for x in self.durations):
+            raise ValueError(
+                f"schedule.durations must be three finite positive times (Stages I, II, III), got {self.durations}"
+            )
+        if not 0 < self.delta < 1:
+            raise ValueError(f"schedule.delta must be in (0, 1), got {self.delta!r}")
+        if not isinstance(self.events, bool):
+            raise ValueError(f"schedule.events must be true or false, got {self.events!r}")
+        if not (math.isfinite(self.t1) and self.t1 > 0):
+            raise ValueError(f"schedule.t1 must be a finite positive time, got {self.t1!r}")
+        for name in ("eta_w", "eta_C", "eta_a"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"schedule.{name} must be a finite number >= 0, got {v!r}")
+
+
+class SolverConfig(eqx.Module):
+    """How the ODE is integrated.
+
+    - `method`: ``"tsit5"`` (default; adaptive explicit, PID step control),
+      ``"kvaerno5"`` (adaptive implicit, for stiff stages; the ODE state is
+      only the moving block, so its Jacobian is small) or ``"gd"``
+      (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
+      i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
+      One name for every stage, or a list of three, one per stage
+      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" is all or nothing.
+    - `rtol`, `atol`: tolerances of the adaptive step control (defaults
+      ``1e-8``, ``1e-10``).
+    - `max_steps`: per segment of a stage (default ``100_000``).
+    - `eta`: the step of ``"gd"`` (default ``0.1``).
+    - `n_save`: saved times per stage on a logarithmic grid (default 120),
+      plus every stage boundary.
+    - `segments`: each stage is integrated in this many consecutive solves
+      (default 8), the trajectory written to disk after each one, so an
+      interrupted run resumes from its last segment.
+    - `progress`: show diffrax's tqdm progress meter.
+    """
+
+    method: str | tuple[str, str, str] = eqx.field(
+        static=True, default="tsit5", converter=lambda m: m if isinstance(m, str) else tuple(m)
+    )
+    rtol: float = eqx.field(static=True, default=1e-8)
+    atol: float = eqx.field(static=True, default=1e-10)
+    max_steps: int = eqx.field(static=True, default=100_000)
+    eta: float = eqx.field(static=True, default=0.1)
+    n_save: int = eqx.field(static=True, default=120)
+    segments: int = eqx.field(static=True, default=8)
+    progress: bool = eqx.field(static=True, default=False)
+
+    def method_for(self, stage: str) -> str:
+        """The solver used for a stage (``"I"``, ``"II"``, ``"III"``; ``"joint"``
+        uses the first name of a list)."""
+        if isinstance(self.method, str):
+            return self.method
+        return self.method[{"I": 0, "II": 1, "III": 2}.get(stage, 0)]
+
+    @property
+    def is_gd(self) -> bool:
+        return self.method_for("I") == "gd"
+
+    def __check_init__(self):
+        names = (self.method,) if isinstance(self.method, str) else self.method
+        if len(names) not in (1, 3) or any(m not in _METHODS for m in names):
+            raise ValueError(
+                f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
+                f"got {self.method!r}"
+            )
+        if "gd" in names and len(set(names)) > 1:
+            raise ValueError(f"solver.method: 'gd' cannot be mixed with ODE solvers, got {self.method!r}")
+        for name in ("rtol", "atol", "eta"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"solver.{name} must be a finite number > 0, got {v!r}")
+        for name, lo in (("max_steps", 1), ("n_save", 2), ("segments", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
+
+
+class Config(eqx.Module):
+    """A whole run: one section per concern. ``Config()`` is the paper's default."""
+
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    init: InitConfig = InitConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    solver: SolverConfig = SolverConfig()
+    estimator: EstimatorConfig = EstimatorConfig()
+
+    def __check_init__(self):
+        if self.model.H > self.model.M:
+            raise ValueError(
+                f"model.H must be <= model.M for the paper's initialisation, got H={self.model.H}, M={self.model.M}"
+            )
+
+    def replace(self, **sections) -> "Config":
+        """A copy with some fields changed: ``cfg.replace(data={"L": 40})``."""
+        d = self.to_dict()
+        for sec, vals in sections.items():
+            if sec not in d:
+                raise ValueError(f"unknown config section {sec!r}; allowed: {sorted(d)}")
+            d[sec].update(vals)
+        return from_dict(d)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain (TOML/JSON-serialisable) dictionary of every field."""
+        out = {}
+        for sec in _SECTIONS:
+            obj = getattr(self, sec)
+            vals = {}
+            for f in dataclasses.fields(obj):
+                v = getattr(obj, f.name)
+                if f.name == "kernel":
+                    v = None if v is None else v.array.tolist()
+                elif isinstance(v, tuple):
+                    v = list(v)
+                elif isinstance(v, np.generic):
+                    v = v.item()
+                vals[f.name] = v
+            out[sec] = vals
+        return out
+
+
+_SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "init": InitConfig,
+    "schedule": ScheduleConfig,
+    "solver": SolverConfig,
+    "estimator": EstimatorConfig,
+}
+
+_FLOAT_FIELDS = {
+    "data": {"alpha"},
+    "init": {"w_plus", "w_minus", "c0", "a0"},
+    "schedule": {"delta", "t1", "eta_w", "eta_C", "eta_a"},
+    "solver": {"rtol", "atol", "eta"},
+    "estimator": {"eps"},
+}
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Build a :class:`Config` from nested dictionaries; unknown sections or
+    keys raise ``ValueError`` naming them. Missing fields take their defaults."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a configuration must be a table of sections, got {type(d).__name__}")
+    kwargs = {}
+    for sec, vals in d.items():
+        if sec not in _SECTIONS:
+            raise ValueError(f"unknown config section {sec!r}; allowed: {sorted(_SECTIONS)}")
+        if not isinstance(vals, dict):
+            raise ValueError(f"config section {sec!r} must be a table of keys, got {vals!r}")
+        cls = _SECTIONS[sec]
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        for k in vals:
+            if k not in allowed:
+                raise ValueError(f"unknown config key {sec}.{k}; allowed keys of [{sec}]: {allowed}")
+        vals = dict(vals)
+        for k in _FLOAT_FIELDS.get(sec, ()):
+            if k in vals and isinstance(vals[k], int) and not isinstance(vals[k], bool):
+                vals[k] = float(vals[k])
+        try:
+            kwargs[sec] = cls(**vals)
+        except (TypeError, ValueError) as e:
+            msg = str(e)
+            if f"{sec}." not in msg:
+                msg = f"bad value in [{sec}]: {msg}"
+            raise ValueError(msg) from None
+    return Config(**kwargs)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read a TOML configuration (``None``: the paper's default)."""
+    if path is None:
+        return Config()
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist")
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    return from_dict(d)

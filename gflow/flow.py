@@ -1,0 +1,417 @@
+"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (SPEC §4–5).
+
+:func:`integrate` runs a schedule and returns a :class:`~gflow.trajectory.Trajectory`:
+
+- ``schedule.kind = "staged"`` (the paper): Stage I moves only C, Stage II
+  only w, Stage III only a, on one continuous time axis; Stages I and II end
+  at their events (diffrax events, located by a Newton root find) or
+  durations, Stage III at its duration;
+- ``schedule.kind = "joint"`` (extension): every block at once, with time
+  scales ``Λ = diag(η_w, η_C, η_a)``;
+- ``solver.method = "gd"`` (extension): discrete gradient descent
+  ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
+  constant step η), for either schedule.
+
+Each stage is integrated in ``solver.segments`` consecutive solves over its
+logarithmic grid of saved times; the trajectory (with the loss, gradient and
+Monte Carlo standard errors at every saved time) is written to ``out`` after
+each one, so a failure keeps everything up to it and an interrupted run can
+be resumed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+
+from .config import Config
+from .loss import PopulationLoss, StageLoss, make_loss
+from .model import Params, init_params
+from .trajectory import StageRecord, Trajectory, load, save
+
+_STAGES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
+
+
+class FlowError(RuntimeError):
+    """An integration that failed: says which stage, at what time and why.
+
+    `trajectory` holds everything up to the failure (also written to `out`
+    when one was given).
+    """
+
+    def __init__(self, message: str, *, stage: str, t: float, trajectory: Trajectory, out: Path | None):
+        where = f" (partial trajectory kept in {str(out)!r})" if out is not None else ""
+        super().__init__(f"Stage {stage} failed at t = {t:.6g}: {message}{where}")
+        self.stage = stage
+        self.t = t
+        self.trajectory = trajectory
+        self.out = out
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("gflow", "jax", "jaxlib", "diffrax", "equinox", "optimistix", "numpy"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Vector field and events
+# ---------------------------------------------------------------------------
+
+
+def _scales(cfg: Config, moves: tuple[str, ...]) -> dict[str, float]:
+    eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
+    return {b: eta[b] for b in moves}
+
+
+class _VectorField(eqx.Module):
+    """``−Λ ∇L̂`` restricted to the moving blocks: the ODE state is the dict of
+    moving blocks only, so frozen blocks stay bit-for-bit fixed and an
+    implicit solver's Jacobian is only as large as what moves."""
+
+    stage_loss: StageLoss
+    scale: dict = eqx.field(static=True)
+    counter: Callable | None = eqx.field(static=True, default=None)
+
+    def __call__(self, t, y: dict, args) -> dict:
+        if self.counter is not None:
+            jax.debug.callback(self.counter)
+        g = jax.grad(self.stage_loss)(y)
+        return {b: -self.scale[b] * g[b] for b in y}
+
+
+def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
+    """Real-valued event function, crossing zero upwards at the stage's event."""
+    if stage == "I":
+        c = y["C"] ** 2
+        return jnp.max(c / c.sum()) - (1.0 - delta)
+    # Stage II: every head h of the selected set attends to offset h.
+    s = jax.nn.softmax(y["w"], axis=-1)
+    return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
+
+
+# ---------------------------------------------------------------------------
+# One segment: a single diffeqsolve
+# ---------------------------------------------------------------------------
+
+
+@eqx.filter_jit
+def _solve_segment(vf, y0, t0, t1, ts, *, cfg: Config, stage, event_stage, heads, progress):
+    sc = cfg.solver
+    method = sc.method_for(stage)
+    if method == "gd":
+        solver, controller, dt0 = diffrax.Euler(), diffrax.ConstantStepSize(), sc.eta
+    else:
+        solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
+        controller = diffrax.PIDController(rtol=sc.rtol, atol=sc.atol)
+        dt0 = None
+    event = None
+    if event_stage is not None:
+        fn = lambda t, y, args, **kw: _event_value(event_stage, y, cfg.schedule.delta, heads)  # noqa: E731
+        if method == "gd":
+            # gradient descent stops at the first iterate where the condition holds
+            event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
+        else:
+            root = optx.Newton(rtol=1e-12, atol=1e-12)
+            event = diffrax.Event(fn, root_finder=root, direction=True)
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(vf),
+        solver,
+        t0,
+        t1,
+        dt0,
+        y0,
+        saveat=diffrax.SaveAt(ts=ts, t1=True),
+        stepsize_controller=controller,
+        event=event,
+        max_steps=sc.max_steps,
+        throw=False,
+        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
+    )
+    return sol.ts, sol.ys, sol.result, sol.stats
+
+
+@eqx.filter_jit
+def _stats_at(loss: PopulationLoss, ys: Params):
+    st = jax.lax.map(loss.stats, ys)
+    return st
+
+
+# ---------------------------------------------------------------------------
+# Save grids
+# ---------------------------------------------------------------------------
+
+
+def _grid(t0: float, t_end: float, n: int, cfg: Config) -> np.ndarray:
+    """Saved times of a stage in ``(t0, t_end]``: ``t0 + τ`` with τ on a
+    logarithmic grid from ``1e-6·duration`` to the duration (each stage's own
+    clock starts at its start); on multiples of η for "gd"."""
+    dur = t_end - t0
+    g = t0 + np.geomspace(dur * 1e-6, dur, n)
+    if cfg.solver.is_gd:
+        eta = cfg.solver.eta
+        k0 = round(t0 / eta)
+        g = (k0 + np.unique(np.maximum(np.round((g - t0) / eta), 1))) * eta
+    g[-1] = t_end
+    return np.unique(g)
+
+
+def _segments(grid: np.ndarray, k: int) -> list[np.ndarray]:
+    parts = [p for p in np.array_split(grid, min(k, len(grid))) if len(p)]
+    n = max(len(p) for p in parts)
+    # equal lengths (padding with the segment's end) so one compilation serves all
+    return [np.concatenate([p, np.full(n - len(p), p[-1])]) for p in parts]
+
+
+# ---------------------------------------------------------------------------
+# integrate
+# ---------------------------------------------------------------------------
+
+
+def _plan(cfg: Config) -> list[tuple[str, float]]:
+    if cfg.schedule.kind == "joint":
+        return [("joint", cfg.schedule.t1)]
+    return list(zip(("I", "II", "III"), cfg.schedule.durations))
+
+
+def _params_from(traj: Trajectory, i: int, dtype) -> Params:
+    st = traj.state(i)
+    return Params(w=jnp.asarray(st["w"], dtype), C=jnp.asarray(st["C"], dtype), a=jnp.asarray(st["a"], dtype))
+
+
+def integrate(
+    config: Config = Config(),
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    loss: PopulationLoss | None = None,
+    params0: Params | None = None,
+    verbose: bool = False,
+) -> Trajectory:
+    """Integrate the gradient flow of ``config`` and return its trajectory.
+
+    **Arguments:**
+
+    - `config`: the run (``Config()`` is the paper's default staged run).
+    - `out`: a folder; if given, ``trajectory.npz`` and ``run.json`` are
+      written there after every segment.
+    - `resume`: continue the run saved in `out` from its last saved state, up
+      to the (possibly later) end times of ``config`` — e.g. a longer Stage
+      III. The data, model, initialisation, estimator, solver method and
+      schedule kind must equal the saved run's.
+    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
+      seed; passing the same one to several runs compares them on one sample).
+    - `params0`: the initial θ (default: the paper's initialisation).
+    - `verbose`: print a line per segment.
+
+    **Returns:** a :class:`~gflow.trajectory.Trajectory`.
+
+    **Raises:** :class:`FlowError` (with the partial trajectory) when a
+    stage's solve fails or its vector field is not finite.
+    """
+    cfg = config
+    dtype = cfg.estimator.jdtype
+    out = None if out is None else Path(out)
+    t_wall = time.perf_counter()
+    if loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    plan = _plan(cfg)
+
+    if resume:
+        if out is None:
+            raise ValueError("resume=True needs the run folder `out`")
+        traj = load(out)
+        _check_resumable(traj.config, cfg)
+        traj.config = cfg
+        y = _params_from(traj, -1, dtype)
+        t = float(traj.ts[-1])
+        wall0 = traj.wall
+    else:
+        if params0 is None:
+            params0 = init_params(cfg.model, cfg.init, dtype=dtype)
+        y = params0
+        t = 0.0
+        wall0 = 0.0
+        H, M = cfg.model.H, cfg.model.M
+        traj = Trajectory.empty(cfg, H, M, len(cfg.model.subsets))
+        traj.versions = versions()
+        _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
+                stage_index=_stage_index(plan[0][0]))  # fmt: skip
+
+    for k, (name, duration) in enumerate(plan):
+        rec = next((r for r in traj.stages if r.name == name), None)
+        if rec is not None and rec.complete:
+            new_end = rec.t0 + duration
+            last = traj.stages[-1] is rec
+            if rec.ended_by == "event" or new_end <= rec.t1 * (1 + 1e-12) or not last:
+                continue  # nothing to extend
+            rec.complete = False
+        if rec is None:
+            rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=t, t1=t)
+            if name == "II":
+                sel = traj.c_frac[-1].argmax()
+                rec.selected = list(traj.subsets[sel])
+            traj.stages.append(rec)
+        y, t = _run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+
+    traj.status = "complete"
+    traj.wall = wall0 + time.perf_counter() - t_wall
+    if out is not None:
+        save(traj, out)
+    return traj
+
+
+def _stage_index(name: str) -> int:
+    return {"I": 1, "II": 2, "III": 3, "joint": 0}[name]
+
+
+def _check_resumable(old: Config, new: Config) -> None:
+    a, b = old.to_dict(), new.to_dict()
+    for sec in ("data", "model", "init", "estimator"):
+        if a[sec] != b[sec]:
+            raise ValueError(f"cannot resume: [{sec}] differs from the saved run's ({a[sec]} != {b[sec]})")
+    for key in ("method",):
+        if a["solver"][key] != b["solver"][key]:
+            raise ValueError(f"cannot resume: solver.{key} differs from the saved run's")
+    if a["schedule"]["kind"] != b["schedule"]["kind"]:
+        raise ValueError("cannot resume: schedule.kind differs from the saved run's")
+
+
+_STATS_BLOCK = 32  # rows per call of the jitted statistics (one compilation for every segment)
+
+
+def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *, stage_index: int) -> None:
+    """Append saved states (numpy ``{"w", "C", "a"}`` with a leading axis) with
+    their loss, gradient and standard errors."""
+    n = len(ts)
+    parts = []
+    for i in range(0, n, _STATS_BLOCK):
+        blk = {k: v[i : i + _STATS_BLOCK] for k, v in ys.items()}
+        m = len(blk["a"])
+        blk = {k: np.concatenate([v, np.repeat(v[-1:], _STATS_BLOCK - m, axis=0)]) for k, v in blk.items()}
+        st = jax.device_get(_stats_at(loss, Params(**blk)))
+        parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
+    st = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    traj.append(
+        ts=ts, stage=np.full(n, stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
+        loss=st.loss, loss_se=st.loss_se, unseen=st.unseen,
+        grad_w=st.grad.w, grad_C=st.grad.C, grad_a=st.grad.a,
+        grad_se_w=st.grad_se.w, grad_se_C=st.grad_se.C, grad_se_a=st.grad_se.a,
+        grad_norm=st.grad_norm,
+    )  # fmt: skip
+
+
+@eqx.filter_jit
+def _stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
+    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
+    g = loss.grad(y)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+    return StageLoss(loss, y, moves), finite
+
+
+def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
+               wall0, t_wall):  # fmt: skip
+    name = rec.name
+    idx = _stage_index(name)
+    t_stage = time.perf_counter()
+    wall_before, nfev_before = rec.wall, rec.nfev
+    counter = [0]
+
+    def bump():
+        counter[0] += 1
+
+    moves = _STAGES[name]
+    dtype = cfg.estimator.jdtype
+    heads = tuple(rec.selected or ())
+    event_stage = None
+    if cfg.schedule.events and (name == "I" or (name == "II" and heads)):
+        event_stage = name
+
+    def fail(msg, t_fail):
+        rec.ended_by = "failed"
+        rec.t1 = float(traj.ts[-1])
+        rec.wall = wall_before + time.perf_counter() - t_stage
+        rec.nfev = nfev_before + counter[0]
+        traj.status = f"failed: Stage {name} at t = {t_fail:.6g}: {msg}"
+        traj.wall = wall0 + time.perf_counter() - t_wall
+        if out is not None:
+            save(traj, out)
+        raise FlowError(msg, stage=name, t=t_fail, trajectory=traj, out=out)
+
+    # Checked before the (possibly long) solve: a non-finite field fails at once.
+    sl, finite0 = _stage_start(loss, y, moves)
+    if not bool(finite0):
+        fail("the gradient of the loss is not finite at the stage's start "
+             "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
+    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves), counter=bump)
+    y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
+    if event_stage is not None and float(_event_value(name, y_np, cfg.schedule.delta, heads)) >= 0:
+        rec.ended_by, rec.complete, rec.t1 = "event", True, t
+        rec.wall = wall_before + time.perf_counter() - t_stage
+        return y, t
+
+    grid = _grid(rec.t0, t_end, cfg.solver.n_save, cfg)
+    grid = grid[grid > t * (1 + 1e-12)]
+    ended_by = "duration"
+    for seg in _segments(grid, cfg.solver.segments) if len(grid) else []:
+        y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
+        ts, ys, result, stats = _solve_segment(
+            vf, y_moving, jnp.asarray(t, dtype=jnp.float64), jnp.asarray(float(seg[-1]), dtype=jnp.float64),
+            jnp.asarray(seg, dtype=jnp.float64), cfg=cfg, stage=name, event_stage=event_stage, heads=heads,
+            progress=cfg.solver.progress,
+        )  # fmt: skip
+        ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
+        rec.steps += int(stats["num_accepted_steps"])
+        rec.rejected += int(stats["num_rejected_steps"])
+        ts = np.asarray(ts)
+        nxt = np.concatenate([ts[1:], [np.inf]])
+        keep = np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts))  # drop padding, duplicates, unfilled
+        rows = np.flatnonzero(keep)
+        full = {b: (np.asarray(ys[b]) if b in moves else np.broadcast_to(y_np[b], (len(ts),) + y_np[b].shape))
+                for b in ("w", "C", "a")}  # fmt: skip
+        full = {b: v[rows] for b, v in full.items()}
+        finite = all(np.all(np.isfinite(v)) for v in full.values())
+        if finite and len(rows):
+            _append(traj, loss, ts[rows], full, stage_index=idx)
+        ok = result == diffrax.RESULTS.successful or result == diffrax.RESULTS.event_occurred
+        if not ok or not finite:
+            why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
+            fail(f"{why} (solver {cfg.solver.method_for(name)}, rtol={cfg.solver.rtol}, atol={cfg.solver.atol}, "
+                 f"max_steps={cfg.solver.max_steps} per segment)", float(traj.ts[-1]))  # fmt: skip
+        if len(rows):
+            y_np = {b: v[-1] for b, v in full.items()}
+            t = float(ts[rows[-1]])
+        rec.t1 = t
+        rec.nfev = nfev_before + counter[0]
+        rec.wall = wall_before + time.perf_counter() - t_stage
+        traj.wall = wall0 + time.perf_counter() - t_wall
+        if verbose:
+            print(f"  stage {name}: t = {t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {rec.steps}, "
+                  f"nfev = {rec.nfev}, {rec.wall:.1f} s", flush=True)  # fmt: skip
+        if result == diffrax.RESULTS.event_occurred:
+            ended_by = "event"
+            break
+        if out is not None:
+            save(traj, out)
+    rec.ended_by = ended_by
+    rec.complete = True
+    rec.t1 = t
+    rec.nfev = nfev_before + counter[0]
+    rec.wall = wall_before + time.perf_counter() - t_stage
+    if out is not None:
+        save(traj, out)
+    y = Params(**{b: jnp.asarray(v, dtype) for b, v in y_np.items()})
+    return y, t
