@@ -72,9 +72,18 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------
 
 
-def _scales(cfg: Config, moves: tuple[str, ...]) -> dict[str, float]:
+def _scales(cfg: Config, moves: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
     eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
-    return {b: eta[b] for b in moves}
+    return tuple((b, eta[b]) for b in moves)
+
+
+_NFEV = [0]
+
+
+def _count_evaluation():
+    # a fixed module-level callback: a fresh closure per stage would be a new
+    # static field and force a recompilation of the solve
+    _NFEV[0] += 1
 
 
 class _VectorField(eqx.Module):
@@ -83,14 +92,15 @@ class _VectorField(eqx.Module):
     implicit solver's Jacobian is only as large as what moves."""
 
     stage_loss: StageLoss
-    scale: dict = eqx.field(static=True)
+    scale: tuple[tuple[str, float], ...] = eqx.field(static=True)
     counter: Callable | None = eqx.field(static=True, default=None)
 
     def __call__(self, t, y: dict, args) -> dict:
         if self.counter is not None:
             jax.debug.callback(self.counter)
         g = jax.grad(self.stage_loss)(y)
-        return {b: -self.scale[b] * g[b] for b in y}
+        scale = dict(self.scale)
+        return {b: -scale[b] * g[b] for b in y}
 
 
 def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
@@ -109,24 +119,26 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
 
 
 @eqx.filter_jit
-def _solve_segment(vf, y0, t0, t1, ts, *, cfg: Config, stage, event_stage, heads, progress):
-    sc = cfg.solver
-    method = sc.method_for(stage)
+def _solve_segment(vf, y0, t0, t1, ts, dt0, *, method, rtol, atol, max_steps, delta, event_stage, heads, progress):
+    """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
+
+    Only solver settings are static, so runs that differ in durations, seeds
+    or data reuse the compiled solve.
+    """
     if method == "gd":
-        solver, controller, dt0 = diffrax.Euler(), diffrax.ConstantStepSize(), sc.eta
+        solver, controller = diffrax.Euler(), diffrax.ConstantStepSize()
     else:
         solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
-        controller = diffrax.PIDController(rtol=sc.rtol, atol=sc.atol)
+        controller = diffrax.PIDController(rtol=rtol, atol=atol)
         dt0 = None
     event = None
     if event_stage is not None:
-        fn = lambda t, y, args, **kw: _event_value(event_stage, y, cfg.schedule.delta, heads)  # noqa: E731
+        fn = lambda t, y, args, **kw: _event_value(event_stage, y, delta, heads)  # noqa: E731
         if method == "gd":
             # gradient descent stops at the first iterate where the condition holds
             event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
         else:
-            root = optx.Newton(rtol=1e-12, atol=1e-12)
-            event = diffrax.Event(fn, root_finder=root, direction=True)
+            event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf),
         solver,
@@ -137,7 +149,7 @@ def _solve_segment(vf, y0, t0, t1, ts, *, cfg: Config, stage, event_stage, heads
         saveat=diffrax.SaveAt(ts=ts, t1=True),
         stepsize_controller=controller,
         event=event,
-        max_steps=sc.max_steps,
+        max_steps=max_steps,
         throw=False,
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
@@ -169,11 +181,13 @@ def _grid(t0: float, t_end: float, n: int, cfg: Config) -> np.ndarray:
     return np.unique(g)
 
 
-def _segments(grid: np.ndarray, k: int) -> list[np.ndarray]:
-    parts = [p for p in np.array_split(grid, min(k, len(grid))) if len(p)]
-    n = max(len(p) for p in parts)
-    # equal lengths (padding with the segment's end) so one compilation serves all
-    return [np.concatenate([p, np.full(n - len(p), p[-1])]) for p in parts]
+def _segments(grid: np.ndarray, k: int, n_save: int) -> list[np.ndarray]:
+    """Split the grid into at most ``k`` segments, each padded (with its end)
+    to ``ceil(n_save/k)`` points: every segment of every run with the same
+    solver settings has one shape, so the solve compiles once."""
+    size = -(-n_save // k)
+    parts = [grid[i : i + size] for i in range(0, len(grid), size)]
+    return [np.concatenate([p, np.full(size - len(p), p[-1])]) for p in parts]
 
 
 # ---------------------------------------------------------------------------
@@ -328,10 +342,8 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     idx = _stage_index(name)
     t_stage = time.perf_counter()
     wall_before, nfev_before = rec.wall, rec.nfev
-    counter = [0]
-
-    def bump():
-        counter[0] += 1
+    _NFEV[0] = 0
+    counter = _NFEV
 
     moves = _STAGES[name]
     dtype = cfg.estimator.jdtype
@@ -356,7 +368,7 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     if not bool(finite0):
         fail("the gradient of the loss is not finite at the stage's start "
              "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
-    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves), counter=bump)
+    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves), counter=_count_evaluation)
     y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
     if event_stage is not None and float(_event_value(name, y_np, cfg.schedule.delta, heads)) >= 0:
         rec.ended_by, rec.complete, rec.t1 = "event", True, t
@@ -366,12 +378,14 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     grid = _grid(rec.t0, t_end, cfg.solver.n_save, cfg)
     grid = grid[grid > t * (1 + 1e-12)]
     ended_by = "duration"
-    for seg in _segments(grid, cfg.solver.segments) if len(grid) else []:
+    for seg in _segments(grid, cfg.solver.segments, cfg.solver.n_save) if len(grid) else []:
         y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
+        sc = cfg.solver
+        f64 = lambda x: jnp.asarray(x, dtype=jnp.float64)  # noqa: E731
         ts, ys, result, stats = _solve_segment(
-            vf, y_moving, jnp.asarray(t, dtype=jnp.float64), jnp.asarray(float(seg[-1]), dtype=jnp.float64),
-            jnp.asarray(seg, dtype=jnp.float64), cfg=cfg, stage=name, event_stage=event_stage, heads=heads,
-            progress=cfg.solver.progress,
+            vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta),
+            method=sc.method_for(name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+            delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
         )  # fmt: skip
         ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
         rec.steps += int(stats["num_accepted_steps"])

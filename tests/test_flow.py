@@ -1,0 +1,274 @@
+"""The gradient flow (gflow/flow.py): closed forms, convergence order of
+gradient descent, stage masks, events, conservation laws, save/load/resume,
+determinism and failures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gflow
+from gflow.model import Params
+from gflow.trajectory import _ARRAYS
+
+# The test-size staged run: d = 3, parents (1, 2), L = 30, N = 500.
+SMALL = gflow.Config().replace(
+    data={"L": 30}, estimator={"N": 500}, solver={"n_save": 30, "segments": 2}
+)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small")
+    return gflow.integrate(SMALL, out=out), out
+
+
+def _rows(traj, k):
+    return np.flatnonzero(traj.stage == k)
+
+
+# ---------------------------------------------------------------------------
+# Closed form: Stage III of a hard induction head on a deterministic chain
+# ---------------------------------------------------------------------------
+
+
+def test_stage3_matches_closed_form():
+    """Alternating chain x_l = 1 − x_{l−1}, one-hot copier on offset 1 and
+    c = e_{1}: Stages I and II end at once (their events hold), and Stage III is
+    da/dt = F(a) with ŷ_y = (A e^a + B)/(C e^a + D) for counts A, B, C, D read
+    off the context, integrable by hand:
+    t(a) = [AC(u − u0) + (AD + BC) log(u/u0) − BD(1/u − 1/u0)] / (AD − BC), u = e^a."""
+    cfg = gflow.Config().replace(
+        data={"d": 2, "parents": [1], "L": 12, "kernel": [[0.0, 1.0], [1.0, 0.0]]},
+        model={"M": 2, "H": 2, "D": 1},
+        estimator={"N": 8, "eps": 0.0},
+        schedule={"durations": [1.0, 1.0, 50.0]},
+        solver={"n_save": 40, "segments": 2},
+    )
+    subs = cfg.model.subsets
+    C = np.zeros(len(subs))
+    C[subs.index((1,))] = 1.0
+    a0 = 0.5
+    p0 = Params(w=jnp.asarray([[300.0, 0.0], [0.0, 300.0]]), C=jnp.asarray(C), a=jnp.asarray(a0))
+    traj = gflow.integrate(cfg, params0=p0)
+    assert [(st.name, st.ended_by) for st in traj.stages] == [("I", "event"), ("II", "event"), ("III", "duration")]
+    assert traj.stages[2].t0 == 0.0
+
+    X = np.asarray(gflow.sample(cfg.data, 8, key=jax.random.key(0)).X[0])
+    L = len(X)
+    y = 1 - X[-1]
+    match = np.array([l >= 2 and X[l - 2] == X[-1] for l in range(1, L + 1)])  # x_{l-1} = x_{q-1}
+    A = int(np.sum(match & (X == y)))
+    B = int(np.sum(~match & (X == y)))
+    Cn, D = int(match.sum()), int((~match).sum())
+    assert A * D - B * Cn > 0
+
+    rows = _rows(traj, 3)
+    tau = traj.ts[rows] - traj.stages[2].t0
+    u, u0 = np.exp(traj.a[rows]), np.exp(a0)
+    t_exact = (A * Cn * (u - u0) + (A * D + B * Cn) * np.log(u / u0) - B * D * (1 / u - 1 / u0)) / (A * D - B * Cn)
+    np.testing.assert_allclose(t_exact, tau, rtol=1e-6, atol=1e-9)
+    # and a really moved over the stage
+    assert traj.a[rows[-1]] > a0 + 2
+
+
+# ---------------------------------------------------------------------------
+# Gradient descent → flow as η → 0
+# ---------------------------------------------------------------------------
+
+
+def test_gd_converges_to_flow_first_order():
+    """θ_GD(t) − θ_flow(t) = O(η): the fitted log-log slope over three step
+    sizes is 1 (explicit Euler's global order)."""
+    cfg = gflow.Config().replace(
+        data={"L": 20},
+        estimator={"N": 200},
+        init={"a0": 1.0},
+        schedule={"kind": "joint", "t1": 4.0, "eta_w": 1.0, "eta_C": 1.0, "eta_a": 1.0},
+        solver={"n_save": 4, "segments": 1, "rtol": 1e-11, "atol": 1e-13},
+    )
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    ref = gflow.integrate(cfg, loss=loss)
+    assert ref.ts[-1] == pytest.approx(4.0)
+
+    def theta(tr):
+        return np.concatenate([tr.w[-1].ravel(), tr.C[-1], [tr.a[-1]]])
+
+    etas = np.array([0.1, 0.05, 0.025])
+    errs = []
+    for eta in etas:
+        gd = gflow.integrate(cfg.replace(solver={"method": "gd", "eta": float(eta)}), loss=loss)
+        assert gd.ts[-1] == pytest.approx(4.0)
+        # gd steps land on multiples of η
+        k = gd.ts / eta
+        np.testing.assert_allclose(k, np.round(k), atol=1e-9)
+        errs.append(np.linalg.norm(theta(gd) - theta(ref)))
+    errs = np.array(errs)
+    assert np.all(errs > 0)
+    order = np.polyfit(np.log(etas), np.log(errs), 1)[0]
+    assert 0.9 < order < 1.1, (errs, order)
+
+
+def test_gd_is_the_iteration():
+    """Two GD steps are θ − ηΛ∇L̂(θ) applied twice, computed here by hand."""
+    cfg = gflow.Config().replace(
+        data={"L": 20}, estimator={"N": 100}, init={"a0": 1.0},
+        schedule={"kind": "joint", "t1": 0.2, "eta_w": 0.5, "eta_C": 2.0, "eta_a": 1.0},
+        solver={"method": "gd", "eta": 0.1, "n_save": 2, "segments": 1},
+    )  # fmt: skip
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    tr = gflow.integrate(cfg, loss=loss)
+    p = gflow.init_params(cfg.model, cfg.init)
+    for _ in range(2):
+        g = loss.grad(p)
+        p = Params(w=p.w - 0.1 * 0.5 * g.w, C=p.C - 0.1 * 2.0 * g.C, a=p.a - 0.1 * 1.0 * g.a)
+    np.testing.assert_allclose(tr.w[-1], p.w, rtol=1e-12)
+    np.testing.assert_allclose(tr.C[-1], p.C, rtol=1e-12)
+    np.testing.assert_allclose(tr.a[-1], p.a, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# The staged run
+# ---------------------------------------------------------------------------
+
+
+def test_staged_run_selects_and_concentrates(small_run):
+    traj, _ = small_run
+    assert [st.name for st in traj.stages] == ["I", "II", "III"]
+    assert traj.status == "complete"
+    # Stage I picks {1, 2}; Stage II concentrates heads 1 and 2 on offsets 1 and 2.
+    i1 = _rows(traj, 1)[-1]
+    assert traj.subsets[int(np.argmax(traj.c_frac[i1]))] == (1, 2)
+    assert traj.stages[1].selected == [1, 2]
+    i2 = _rows(traj, 2)[-1]
+    s = traj.s[i2]
+    assert s[0, 0] >= 0.99 - 1e-9 and s[1, 1] >= 0.99 - 1e-9
+    # Stage III lowers the loss well below its start
+    assert traj.loss[-1] < traj.loss[i2] - 0.1
+
+
+def test_stage_masks_are_exact(small_run):
+    """Frozen blocks do not move, bit for bit."""
+    traj, _ = small_run
+    moves = {1: "C", 2: "w", 3: "a"}
+    start = 0
+    for k in (1, 2, 3):
+        rows = _rows(traj, k)
+        ref = rows[0] - 1 if k > 1 else 0  # the state the stage started from
+        for block in ("w", "C", "a"):
+            arr = getattr(traj, block)
+            if block != moves[k]:
+                assert np.array_equal(arr[rows], np.broadcast_to(arr[ref], arr[rows].shape)), (k, block)
+            else:
+                assert not np.array_equal(arr[rows[-1]], arr[ref]), (k, block)
+        start = rows[-1]
+    assert start == len(traj) - 1
+
+
+def test_events_end_stages_at_the_right_state(small_run):
+    traj, _ = small_run
+    delta = SMALL.schedule.delta
+    r1 = _rows(traj, 1)
+    cmax = traj.c_frac[r1].max(-1)
+    assert traj.stages[0].ended_by == "event"
+    assert cmax[-1] == pytest.approx(1 - delta, abs=1e-9)  # root-found, not overshot
+    assert np.all(cmax[:-1] < 1 - delta)
+    r2 = _rows(traj, 2)
+    sel = traj.stages[1].selected
+    conc = np.min(np.stack([traj.s[r2, h - 1, h - 1] for h in sel]), axis=0)
+    assert traj.stages[1].ended_by == "event"
+    assert conc[-1] == pytest.approx(1 - delta, abs=1e-9)
+    assert np.all(conc[:-1] < 1 - delta)
+    assert traj.stages[1].t0 == traj.ts[r1[-1]] and traj.stages[2].t0 == traj.ts[r2[-1]]
+
+
+def test_norm_of_C_conserved_in_stage1(small_run):
+    """‖C‖ is a first integral of Stage I (⟨∇_C L̂, C⟩ = 0, SPEC §6.2)."""
+    traj, _ = small_run
+    r1 = _rows(traj, 1)
+    nrm = np.linalg.norm(traj.C[r1], axis=-1)
+    assert np.max(np.abs(nrm / nrm[0] - 1)) < 1e-7
+
+
+def test_solver_statistics_recorded(small_run):
+    traj, _ = small_run
+    for st in traj.stages:
+        assert st.steps > 0 and st.nfev >= 6 * st.steps  # Tsit5: six new evaluations a step
+        assert st.wall > 0
+
+
+def test_save_load_roundtrip(small_run):
+    traj, out = small_run
+    back = gflow.load(out)
+    for k in _ARRAYS:
+        assert np.array_equal(getattr(back, k), getattr(traj, k)), k
+    assert back.stages == traj.stages
+    assert back.config == traj.config
+    assert back.status == "complete" and back.versions == traj.versions
+
+
+def test_same_seed_same_trajectory(small_run):
+    traj, _ = small_run
+    again = gflow.integrate(SMALL)
+    for k in _ARRAYS:
+        assert np.array_equal(getattr(again, k), getattr(traj, k)), k
+
+
+def test_resume_extends_stage3(small_run, tmp_path):
+    """A run to t₁ resumed to t₂ matches a single run to t₂ within the solver
+    tolerance."""
+    traj, _ = small_run
+    d3 = SMALL.schedule.durations[2]
+    short = SMALL.replace(schedule={"durations": [1e3, 1e10, d3 / 10]})
+    gflow.integrate(short, out=tmp_path)
+    resumed = gflow.integrate(SMALL, out=tmp_path, resume=True)
+    assert resumed.ts[-1] == pytest.approx(traj.ts[-1], rel=1e-12)
+    assert resumed.stages[2].complete and resumed.stages[2].t1 == pytest.approx(traj.stages[2].t1)
+    assert resumed.a[-1] == pytest.approx(traj.a[-1], rel=1e-6)
+    assert np.array_equal(resumed.w[-1], traj.w[-1]) and np.array_equal(resumed.C[-1], traj.C[-1])
+    # the saved folder is the resumed run
+    assert gflow.load(tmp_path).ts[-1] == resumed.ts[-1]
+
+
+def test_resume_refuses_other_data(small_run, tmp_path):
+    _, out = small_run
+    with pytest.raises(ValueError, match=r"cannot resume: \[data\]"):
+        gflow.integrate(SMALL.replace(data={"L": 31}), out=out, resume=True)
+
+
+# ---------------------------------------------------------------------------
+# Failures
+# ---------------------------------------------------------------------------
+
+
+def test_non_finite_field_fails_before_integrating(tmp_path):
+    """ε = 0 with tokens absent from some context: log(0) makes ∇L̂ NaN."""
+    cfg = SMALL.replace(data={"L": 4}, estimator={"eps": 0.0, "N": 200})
+    with pytest.raises(gflow.FlowError, match=r"Stage I failed at t = 0: the gradient of the loss is not finite") as e:
+        gflow.integrate(cfg, out=tmp_path)
+    assert e.value.stage == "I" and e.value.t == 0.0
+    back = gflow.load(tmp_path)
+    assert back.status.startswith("failed: Stage I")
+    assert len(back.ts) == 1
+
+
+def test_failed_solve_keeps_partial_trajectory(tmp_path):
+    cfg = SMALL.replace(solver={"max_steps": 10, "segments": 2})
+    with pytest.raises(gflow.FlowError, match=r"Stage I failed at t = .*maximum number of solver steps") as e:
+        gflow.integrate(cfg, out=tmp_path)
+    partial = e.value.trajectory
+    back = gflow.load(tmp_path)
+    assert back.status.startswith("failed: Stage I")
+    assert back.stages[0].ended_by == "failed"
+    assert np.array_equal(back.ts, partial.ts) and len(back.ts) >= 1
+    assert e.value.t == pytest.approx(back.ts[-1])
+
+
+def test_stage_records_are_plain_data(small_run):
+    traj, _ = small_run
+    d = dataclasses.asdict(traj.stages[0])
+    assert set(d) >= {"name", "t0", "t1", "ended_by", "steps", "rejected", "nfev", "wall"}
