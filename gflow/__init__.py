@@ -35,5 +35,7 @@ from .config import Config as Config
 from .config import load_config as load_config
 from .flow import FlowError as FlowError
 from .flow import integrate as integrate
+from .theory import format_theory as format_theory
+from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load

@@ -90,7 +90,7 @@ def _dispatch(args) -> int:
         from .theory import format_theory, theory_report
 
         cfg = load_config(args.config)
-        rep = theory_report(cfg.data, cfg.model, cfg.estimator, init=cfg.init, n_pi=args.n_pi)
+        rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi)
         print(json.dumps(rep, indent=2) if args.json else format_theory(rep))
         return 0
 
