@@ -39,6 +39,13 @@ class EstimatorConfig(eqx.Module):
       ``(d+1)**M`` windows, each sequence as window counts; exact and fast
       for small ``d**M``), ``"positions"`` (per-position match tensors, any
       size) or ``"auto"`` (default: counts when ``(d+1)**M <= 512``).
+    - `chunk`: ``0`` (default) or the number of sequences per chunk: every
+      per-sequence computation then runs chunk by chunk, rematerialised in
+      the backward pass, so the working memory is O(chunk) (same result to
+      rounding; for N = 10⁶).
+    - `shard`: shard the sequence axis over all devices (``jax.devices()``;
+      with ``jax.distributed``, every host's); ``N`` must be a multiple of
+      the device count.
     """
 
     N: int = eqx.field(static=True, default=10_000)
@@ -47,6 +54,8 @@ class EstimatorConfig(eqx.Module):
     loss: Literal["log", "ce_on_probs"] = eqx.field(static=True, default="log")
     dtype: Literal["float64", "float32"] = eqx.field(static=True, default="float64")
     layout: Literal["auto", "counts", "positions"] = eqx.field(static=True, default="auto")
+    chunk: int = eqx.field(static=True, default=0)
+    shard: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         if not isinstance(self.N, (int, np.integer)) or self.N < 1:
@@ -59,6 +68,10 @@ class EstimatorConfig(eqx.Module):
             raise ValueError(f"estimator.loss must be one of {_LOSSES}, got {self.loss!r}")
         if self.layout not in _LAYOUTS:
             raise ValueError(f"estimator.layout must be one of {_LAYOUTS}, got {self.layout!r}")
+        if not isinstance(self.chunk, (int, np.integer)) or isinstance(self.chunk, bool) or self.chunk < 0:
+            raise ValueError(f"estimator.chunk must be an integer >= 0 (0: no chunking), got {self.chunk!r}")
+        if not isinstance(self.shard, bool):
+            raise ValueError(f"estimator.shard must be true or false, got {self.shard!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"estimator.dtype must be one of {_DTYPES}, got {self.dtype!r}")
 
@@ -123,6 +136,32 @@ def _mean_se(x):
     return jnp.mean(x, axis=0), se
 
 
+def seqmap(fn, args: tuple, chunk: int = 0):
+    """Map ``fn`` (one sequence's arrays → a pytree) over the leading axis.
+
+    ``chunk = 0``: one ``vmap``. ``chunk > 0``: ``lax.map`` over chunks of
+    ``chunk`` sequences, each vmapped and rematerialised in the backward pass
+    (``jax.checkpoint``), so the working memory of a loss or gradient is
+    O(chunk) rather than O(N); the result is the same to rounding. The last
+    chunk is padded with copies of the first sequences, then dropped.
+    ``None`` entries of ``args`` pass through.
+    """
+    N = jax.tree.leaves(args)[0].shape[0]
+    if not chunk or chunk >= N:
+        return jax.vmap(fn)(*args)
+    n_chunks = -(-N // chunk)
+    pad = n_chunks * chunk - N
+
+    def prep(x):
+        if pad:
+            x = jnp.concatenate([x, x[:pad]])
+        return x.reshape((n_chunks, chunk) + x.shape[1:])
+
+    chunks = jax.tree.map(prep, args)
+    out = jax.lax.map(jax.checkpoint(lambda xs: jax.vmap(fn)(*xs)), chunks)
+    return jax.tree.map(lambda o: o.reshape((n_chunks * chunk,) + o.shape[2:])[:N], out)
+
+
 class PopulationLoss(eqx.Module):
     """The estimator ``L̂_N(θ)`` on a fixed sample (SPEC §3, §5).
 
@@ -131,13 +170,16 @@ class PopulationLoss(eqx.Module):
 
     Two exact layouts of the same sample: ``CountFeatures`` (κ tabulated on
     window pairs, the sample as window counts; fast) and ``PositionFeatures``
-    (per-position match tensors; general). They agree to rounding.
+    (per-position match tensors; general). They agree to rounding. With
+    ``chunk > 0`` every per-sequence computation runs in chunks (see
+    :func:`seqmap`).
     """
 
     feats: CountFeatures | PositionFeatures
     model: ModelConfig
     eps: Float[Array, ""]
     kind: str = eqx.field(static=True, default="log")
+    chunk: int = eqx.field(static=True, default=0)
 
     @property
     def N(self) -> int:
@@ -159,18 +201,20 @@ class PopulationLoss(eqx.Module):
     def _table(self, w, C):
         return _model.kappa_table(w, C, self.model, self.d)
 
-    def _vmap_positions(self, fn):
-        Gs_axis = None if self.feats.Gs is None else 0
-        return jax.vmap(fn, in_axes=(None, 0, 0, Gs_axis, 0))
+    def _positions_args(self):
+        f = self.feats
+        return (f.X, f.G, f.Gs, f.cond)
 
     # -- the estimator -----------------------------------------------------
     def per_sequence(self, params: Params) -> Float[Array, " N"]:
         """``ℓ_RB`` of every sequence, ``(N,)``."""
         f = self.feats
         if isinstance(f, PositionFeatures):
-            return self._vmap_positions(self._one_positions)(params, f.X, f.G, f.Gs, f.cond)
-        rows = self._table(params.w, params.C)[f.qcode]
-        return jax.vmap(self._one_counts, in_axes=(None, 0, 0, 0))(params.a, rows, f.counts, f.cond)
+            fn = lambda X, G, Gs, cond: self._one_positions(params, X, G, Gs, cond)  # noqa: E731
+            return seqmap(fn, self._positions_args(), self.chunk)
+        table = self._table(params.w, params.C)
+        fn = lambda q, counts, cond: self._one_counts(params.a, table[q], counts, cond)  # noqa: E731
+        return seqmap(fn, (f.qcode, f.counts, f.cond), self.chunk)
 
     def __call__(self, params: Params) -> Float[Array, ""]:
         return jnp.mean(self.per_sequence(params))
@@ -186,7 +230,7 @@ class PopulationLoss(eqx.Module):
         from the context."""
         f = self.feats
         if isinstance(f, PositionFeatures):
-            return jnp.mean(jax.vmap(unseen_mass)(f.X, f.cond))
+            return jnp.mean(seqmap(unseen_mass, (f.X, f.cond), self.chunk))
         seen = f.counts.sum(1) > 0
         return jnp.mean(jnp.sum(jnp.where(seen, 0.0, f.cond), -1))
 
@@ -194,15 +238,16 @@ class PopulationLoss(eqx.Module):
         """Per-sequence losses and gradients (leaves with a leading N axis)."""
         f = self.feats
         if isinstance(f, PositionFeatures):
-            return self._vmap_positions(jax.value_and_grad(self._one_positions))(
-                params, f.X, f.G, f.Gs, f.cond
-            )
+            vg = jax.value_and_grad(self._one_positions)
+            return seqmap(lambda *xs: vg(params, *xs), self._positions_args(), self.chunk)
+
         # Each sequence needs only its query's row of the κ table.
         def one(p: Params, q, counts, cond):
             row = _model.kappa_row(p.w, p.C, q, self.model, self.d)
             return self._one_counts(p.a, row, counts, cond)
 
-        return jax.vmap(jax.value_and_grad(one), in_axes=(None, 0, 0, 0))(params, f.qcode, f.counts, f.cond)
+        vg = jax.value_and_grad(one)
+        return seqmap(lambda *xs: vg(params, *xs), (f.qcode, f.counts, f.cond), self.chunk)
 
     def batch_grads(self, params: Params, batches: int) -> tuple[Float[Array, " B"], Params]:
         """Mean gradients over ``B`` disjoint batches of sequences (sequence
@@ -222,8 +267,9 @@ class PopulationLoss(eqx.Module):
         f = self.feats
         if isinstance(f, CountFeatures):
             table = self._table(params.w, params.C)
-            vg = jax.vmap(jax.grad(self._one_counts, argnums=(0, 1)), in_axes=(None, 0, 0, 0))
-            ga, grow = vg(params.a, table[f.qcode], f.counts, f.cond)
+            g1 = jax.grad(self._one_counts, argnums=(0, 1))
+            fn = lambda q, counts, cond: g1(params.a, table[q], counts, cond)  # noqa: E731
+            ga, grow = seqmap(fn, (f.qcode, f.counts, f.cond), self.chunk)
             Q = table.shape[0]
             T = jax.ops.segment_sum(grow, jnp.asarray(bid) * Q + f.qcode, num_segments=B * Q)
             T = T.reshape(B, Q, -1) / jnp.asarray(n_b, T.dtype)[:, None, None]
@@ -292,20 +338,17 @@ class StageLoss(eqx.Module):
 
     def __init__(self, loss: PopulationLoss, params: Params, moves: tuple[str, ...]):
         self.loss, self.frozen, self.moves = loss, params, tuple(moves)
-        f = loss.feats
+        f, ch = loss.feats, loss.chunk
         if self.moves == ("a",):
             if isinstance(f, PositionFeatures):
-                self.cache = jax.vmap(_model.kappa, in_axes=(None, 0, 0 if f.Gs is not None else None, None))(
-                    params, f.G, f.Gs, loss.model
-                )
+                fn = lambda G, Gs: _model.kappa(params, G, Gs, loss.model)  # noqa: E731
+                self.cache = seqmap(fn, (f.G, f.Gs), ch)
             else:
                 self.cache = loss._table(params.w, params.C)[f.qcode]
         elif self.moves == ("C",):
             if isinstance(f, PositionFeatures):
-                Gs_axis = 0 if f.Gs is not None else None
-                self.cache = jax.vmap(_model.products, in_axes=(None, 0, Gs_axis, None))(
-                    params.w, f.G, f.Gs, loss.model
-                )
+                fn = lambda G, Gs: _model.products(params.w, G, Gs, loss.model)  # noqa: E731
+                self.cache = seqmap(fn, (f.G, f.Gs), ch)
             else:
                 self.cache = _model.window_products(params.w, loss.model, loss.d)
         else:
@@ -319,28 +362,48 @@ class StageLoss(eqx.Module):
         return {b: getattr(self.frozen, b) for b in self.moves}
 
     def __call__(self, y: dict) -> Float[Array, ""]:
-        L, f = self.loss, self.loss.feats
+        L, f, ch = self.loss, self.loss.feats, self.loss.chunk
+        if self.moves not in (("a",), ("C",)):
+            return L(self.full(y))
+        a = y["a"] if self.moves == ("a",) else self.frozen.a
+        if isinstance(f, PositionFeatures):
+
+            def one(cache, X, cond):
+                if self.moves == ("a",):
+                    kap = cache
+                else:
+                    kap = _model.kappa_from_products(y["C"], cache[0], cache[1], L.model)
+                return sequence_loss(_model.predict_from_kappa(a, kap, X, L.d), cond, L.eps, L.kind)
+
+            return jnp.mean(seqmap(one, (self.cache, f.X, f.cond), ch))
         if self.moves == ("a",):
-            a = y["a"]
-            if isinstance(f, PositionFeatures):
-                one = lambda kap, X, cond: sequence_loss(  # noqa: E731
-                    _model.predict_from_kappa(a, kap, X, L.d), cond, L.eps, L.kind
-                )
-                return jnp.mean(jax.vmap(one)(self.cache, f.X, f.cond))
-            return jnp.mean(jax.vmap(L._one_counts, in_axes=(None, 0, 0, 0))(a, self.cache, f.counts, f.cond))
-        if self.moves == ("C",):
-            C, a = y["C"], self.frozen.a
-            if isinstance(f, PositionFeatures):
-                P, Ps = self.cache
+            fn = lambda row, counts, cond: L._one_counts(a, row, counts, cond)  # noqa: E731
+            return jnp.mean(seqmap(fn, (self.cache, f.counts, f.cond), ch))
+        table = _model.kappa_from_window_products(y["C"], self.cache, L.model)
+        fn = lambda q, counts, cond: L._one_counts(a, table[q], counts, cond)  # noqa: E731
+        return jnp.mean(seqmap(fn, (f.qcode, f.counts, f.cond), ch))
 
-                def one(P, Ps, X, cond):
-                    kap = _model.kappa_from_products(C, P, Ps, L.model)
-                    return sequence_loss(_model.predict_from_kappa(a, kap, X, L.d), cond, L.eps, L.kind)
 
-                return jnp.mean(jax.vmap(one, in_axes=(0, 0 if Ps is not None else None, 0, 0))(P, Ps, f.X, f.cond))
-            rows = _model.kappa_from_window_products(C, self.cache, L.model)[f.qcode]
-            return jnp.mean(jax.vmap(L._one_counts, in_axes=(None, 0, 0, 0))(a, rows, f.counts, f.cond))
-        return L(self.full(y))
+def shard_features(feats):
+    """Place the features with their sequence axis sharded over every device
+    (a 1-D mesh ``("seq",)``); the loss's mean over sequences then becomes the
+    only cross-device reduction, inserted by XLA. With one device, unchanged.
+
+    Under ``jax.distributed`` every process draws the same sample (same key),
+    so the global array is the same on every host.
+    """
+    devs = jax.devices()
+    if len(devs) == 1:
+        return feats
+    N = feats.cond.shape[0]
+    if N % len(devs):
+        raise ValueError(
+            f"estimator.N = {N} must be a multiple of the number of devices ({len(devs)}) "
+            "to shard the sequence axis (estimator.shard = true)"
+        )
+    mesh = jax.sharding.Mesh(np.array(devs), ("seq",))
+    sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("seq"))
+    return jax.tree.map(lambda x: jax.device_put(x, sh), feats)
 
 
 def make_loss(
@@ -355,7 +418,9 @@ def make_loss(
     The sample is drawn from ``key`` if given, else from
     ``jax.random.key(estimator.seed)``: the same configuration and seed give a
     bit-identical estimator. The sample is always drawn in float64; the
-    features and the loss use ``estimator.dtype``.
+    features and the loss use ``estimator.dtype``. ``estimator.shard``
+    shards the sequence axis over the devices; ``estimator.chunk`` bounds the
+    working memory.
     """
     if key is None:
         key = jax.random.key(estimator.seed)
@@ -363,4 +428,8 @@ def make_loss(
     layout = resolve_layout(estimator.layout, data.d, model.M)
     smp = sample(data, estimator.N, key=key, dtype=jnp.float64)
     feats = features(smp, model, layout=layout, dtype=dt)
-    return PopulationLoss(feats=feats, model=model, eps=jnp.asarray(estimator.eps, dt), kind=estimator.loss)
+    if estimator.shard:
+        feats = shard_features(feats)
+    return PopulationLoss(
+        feats=feats, model=model, eps=jnp.asarray(estimator.eps, dt), kind=estimator.loss, chunk=estimator.chunk
+    )
