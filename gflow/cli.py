@@ -48,8 +48,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache for the command line: a second
+    ``gflow run`` of the same shapes skips XLA compilation. ``GFLOW_CACHE``
+    names the folder (default ``~/.cache/gflow/xla``); ``GFLOW_CACHE=none``
+    turns it off."""
+    import os
+
+    import jax
+
+    where = os.environ.get("GFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow", "xla"))
+    if where.lower() != "none":
+        jax.config.update("jax_compilation_cache_dir", where)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _enable_compilation_cache()
     try:
         return _dispatch(args)
     except (ValueError, FileNotFoundError) as e:

@@ -106,11 +106,12 @@ class SolverConfig(eqx.Module):
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
     - `eta`: the step of ``"gd"`` (default ``0.1``).
-    - `n_save`: saved times per stage on a logarithmic grid (default 120),
-      plus every stage boundary.
-    - `segments`: each stage is integrated in this many consecutive solves
-      (default 8), the trajectory written to disk after each one, so an
-      interrupted run resumes from its last segment.
+    - `save_per_decade`: saved times per decade of each stage's own time
+      ``τ = t − t0`` (default 12), on a logarithmic grid from `tau_min` to the
+      stage's duration, plus every stage boundary (an event's time).
+    - `tau_min`: the first saved τ of every stage (default ``1e-3``).
+      Each decade is one solve, after which the trajectory is written to
+      disk, so an interrupted run resumes from its last completed decade.
     - `progress`: show diffrax's tqdm progress meter.
     """
 
@@ -121,8 +122,8 @@ class SolverConfig(eqx.Module):
     atol: float = eqx.field(static=True, default=1e-10)
     max_steps: int = eqx.field(static=True, default=100_000)
     eta: float = eqx.field(static=True, default=0.1)
-    n_save: int = eqx.field(static=True, default=120)
-    segments: int = eqx.field(static=True, default=8)
+    save_per_decade: int = eqx.field(static=True, default=12)
+    tau_min: float = eqx.field(static=True, default=1e-3)
     progress: bool = eqx.field(static=True, default=False)
 
     def method_for(self, stage: str) -> str:
@@ -149,7 +150,9 @@ class SolverConfig(eqx.Module):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"solver.{name} must be a finite number > 0, got {v!r}")
-        for name, lo in (("max_steps", 1), ("n_save", 2), ("segments", 1)):
+        if not (isinstance(self.tau_min, (int, float)) and math.isfinite(self.tau_min) and self.tau_min > 0):
+            raise ValueError(f"solver.tau_min must be a finite number > 0, got {self.tau_min!r}")
+        for name, lo in (("max_steps", 1), ("save_per_decade", 1)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
@@ -214,7 +217,7 @@ _FLOAT_FIELDS = {
     "data": {"alpha"},
     "init": {"w_plus", "w_minus", "c0", "a0"},
     "schedule": {"delta", "t1", "eta_w", "eta_C", "eta_a"},
-    "solver": {"rtol", "atol", "eta"},
+    "solver": {"rtol", "atol", "eta", "tau_min"},
     "estimator": {"eps"},
 }
 

@@ -12,8 +12,8 @@
   ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
   constant step η), for either schedule.
 
-Each stage is integrated in ``solver.segments`` consecutive solves over its
-logarithmic grid of saved times; the trajectory (with the loss, gradient and
+Each stage is integrated one decade of its own time τ = t − t0 at a time
+(``solver.save_per_decade`` saved points each); the trajectory (with the loss, gradient and
 Monte Carlo standard errors at every saved time) is written to ``out`` after
 each one, so a failure keeps everything up to it and an interrupted run can
 be resumed.
@@ -167,25 +167,29 @@ def _stats_at(loss: PopulationLoss, ys: Params):
 # ---------------------------------------------------------------------------
 
 
-def _grid(t0: float, t_end: float, n: int, cfg: Config) -> np.ndarray:
+def _grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
     """Saved times of a stage in ``(t0, t_end]``: ``t0 + τ`` with τ on a
-    logarithmic grid from ``1e-6·duration`` to the duration (each stage's own
-    clock starts at its start); on multiples of η for "gd"."""
+    logarithmic grid of ``save_per_decade`` points a decade from ``tau_min``
+    (each stage's clock starts at its start), ending exactly at ``t_end``; on
+    multiples of η for "gd"."""
+    sc = cfg.solver
     dur = t_end - t0
-    g = t0 + np.geomspace(dur * 1e-6, dur, n)
-    if cfg.solver.is_gd:
-        eta = cfg.solver.eta
+    k = sc.save_per_decade
+    n = max(1, int(np.floor(k * np.log10(dur / sc.tau_min) + 1e-9)) + 1) if dur > sc.tau_min else 1
+    g = t0 + sc.tau_min * 10.0 ** (np.arange(n) / k)
+    g = np.append(g[g < t_end], t_end)
+    if sc.is_gd:
+        eta = sc.eta
         k0 = round(t0 / eta)
         g = (k0 + np.unique(np.maximum(np.round((g - t0) / eta), 1))) * eta
-    g[-1] = t_end
+        g[-1] = max(g[-1], t_end)
     return np.unique(g)
 
 
-def _segments(grid: np.ndarray, k: int, n_save: int) -> list[np.ndarray]:
-    """Split the grid into at most ``k`` segments, each padded (with its end)
-    to ``ceil(n_save/k)`` points: every segment of every run with the same
-    solver settings has one shape, so the solve compiles once."""
-    size = -(-n_save // k)
+def _segments(grid: np.ndarray, size: int) -> list[np.ndarray]:
+    """Split the grid into solves of ``size`` points (a decade), each padded
+    with its end: every solve of every run with the same solver settings has
+    one shape, so it compiles once."""
     parts = [grid[i : i + size] for i in range(0, len(grid), size)]
     return [np.concatenate([p, np.full(size - len(p), p[-1])]) for p in parts]
 
@@ -375,10 +379,10 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
         rec.wall = wall_before + time.perf_counter() - t_stage
         return y, t
 
-    grid = _grid(rec.t0, t_end, cfg.solver.n_save, cfg)
+    grid = _grid(rec.t0, t_end, cfg)
     grid = grid[grid > t * (1 + 1e-12)]
     ended_by = "duration"
-    for seg in _segments(grid, cfg.solver.segments, cfg.solver.n_save) if len(grid) else []:
+    for seg in _segments(grid, cfg.solver.save_per_decade) if len(grid) else []:
         y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
         sc = cfg.solver
         f64 = lambda x: jnp.asarray(x, dtype=jnp.float64)  # noqa: E731

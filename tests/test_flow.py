@@ -17,7 +17,7 @@ from gflow.trajectory import _ARRAYS
 
 # The test-size staged run: d = 3, parents (1, 2), L = 30, N = 500.
 SMALL = gflow.Config().replace(
-    data={"L": 30}, estimator={"N": 500}, solver={"n_save": 30, "segments": 2}
+    data={"L": 30}, estimator={"N": 500}, solver={"save_per_decade": 4}
 )
 
 
@@ -47,7 +47,7 @@ def test_stage3_matches_closed_form():
         model={"M": 2, "H": 2, "D": 1},
         estimator={"N": 8, "eps": 0.0},
         schedule={"durations": [1.0, 1.0, 50.0]},
-        solver={"n_save": 40, "segments": 2},
+        solver={"save_per_decade": 6},
     )
     subs = cfg.model.subsets
     C = np.zeros(len(subs))
@@ -89,7 +89,7 @@ def test_gd_converges_to_flow_first_order():
         estimator={"N": 200},
         init={"a0": 1.0},
         schedule={"kind": "joint", "t1": 4.0, "eta_w": 1.0, "eta_C": 1.0, "eta_a": 1.0},
-        solver={"n_save": 4, "segments": 1, "rtol": 1e-11, "atol": 1e-13},
+        solver={"save_per_decade": 1, "rtol": 1e-11, "atol": 1e-13},
     )
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     ref = gflow.integrate(cfg, loss=loss)
@@ -118,7 +118,7 @@ def test_gd_is_the_iteration():
     cfg = gflow.Config().replace(
         data={"L": 20}, estimator={"N": 100}, init={"a0": 1.0},
         schedule={"kind": "joint", "t1": 0.2, "eta_w": 0.5, "eta_C": 2.0, "eta_a": 1.0},
-        solver={"method": "gd", "eta": 0.1, "n_save": 2, "segments": 1},
+        solver={"method": "gd", "eta": 0.1, "save_per_decade": 1},
     )  # fmt: skip
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     tr = gflow.integrate(cfg, loss=loss)
@@ -257,7 +257,7 @@ def test_non_finite_field_fails_before_integrating(tmp_path):
 
 
 def test_failed_solve_keeps_partial_trajectory(tmp_path):
-    cfg = SMALL.replace(solver={"max_steps": 10, "segments": 2})
+    cfg = SMALL.replace(solver={"max_steps": 10})
     with pytest.raises(gflow.FlowError, match=r"Stage I failed at t = .*maximum number of solver steps") as e:
         gflow.integrate(cfg, out=tmp_path)
     partial = e.value.trajectory
@@ -272,3 +272,30 @@ def test_stage_records_are_plain_data(small_run):
     traj, _ = small_run
     d = dataclasses.asdict(traj.stages[0])
     assert set(d) >= {"name", "t0", "t1", "ended_by", "steps", "rejected", "nfev", "wall"}
+
+
+def test_resume_after_interruption(small_run, tmp_path):
+    """A run cut in the middle of Stage II (as if killed after a segment)
+    resumes from its last saved state and ends where the uninterrupted run
+    ends, within the solver tolerance."""
+    from gflow.trajectory import save
+
+    traj, out = small_run
+    back = gflow.load(out)
+    r2 = _rows(back, 2)
+    cut = r2[len(r2) // 2]
+    for k in _ARRAYS:
+        setattr(back, k, getattr(back, k)[: cut + 1])
+    back.stages = back.stages[:2]
+    back.stages[1] = dataclasses.replace(back.stages[1], complete=False, ended_by="duration", t1=float(back.ts[-1]))
+    back.status = "running"
+    save(back, tmp_path)
+    resumed = gflow.integrate(SMALL, out=tmp_path, resume=True)
+    assert [st.name for st in resumed.stages] == ["I", "II", "III"]
+    assert resumed.stages[1].ended_by == "event"
+    assert resumed.stages[1].t1 == pytest.approx(traj.stages[1].t1, rel=1e-6)
+    np.testing.assert_allclose(resumed.w[-1], traj.w[-1], rtol=1e-6, atol=1e-9)
+    assert resumed.a[-1] == pytest.approx(traj.a[-1], rel=1e-6)
+    assert resumed.loss[-1] == pytest.approx(traj.loss[-1], rel=1e-8)
+    # the rows before the cut are kept as they were
+    assert np.array_equal(resumed.ts[: cut + 1], traj.ts[: cut + 1])
