@@ -31,6 +31,9 @@ try:
 except importlib.metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
 
+from .checks import Report as Report
+from .checks import check as check
+from .checks import check_run as check_run
 from .config import Config as Config
 from .config import load_config as load_config
 from .flow import FlowError as FlowError

@@ -8,6 +8,13 @@
 - ``gflow check DIR``: compare a saved run with the theory; writes
   ``report.json`` and ``report.md`` into DIR and prints the table.
 - ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
+- ``gflow run [CONFIG] --out DIR --replicates R``: R independent Monte Carlo
+  replicates (``estimator.seed = seed + r``) into ``DIR/rep000``, …, with
+  their trajectory bands and the spread of the check rows
+  (:mod:`gflow.replicates`).
+- ``gflow sweep [CONFIG] --param data.L=50,100,200 [--param …] --out DIR``:
+  one run per point of the cross product, and ``DIR/sweep.csv`` with the
+  headline results (:mod:`gflow.sweep`).
 """
 
 from __future__ import annotations
@@ -27,11 +34,18 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("config", nargs="?", help="TOML configuration (default: the paper's default run)")
     r.add_argument("--out", required=True, help="output folder")
     r.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    r.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     r.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
     r.add_argument("--no-check", action="store_true", help="skip the check report")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
     r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help="figure format")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument(
+        "--replicates", type=int, metavar="R",
+        help="run R independent Monte Carlo replicates (estimator.seed = seed + r, r = 0..R-1) into "
+        "OUT/rep000, OUT/rep001, ...; write their trajectory bands and the spread of the check rows "
+        "(OUT/replicates.json, bands.npz, replicates.md); figures for replicate 0 only",
+    )  # fmt: skip
 
     t = sub.add_parser("theory", help="the theory's predictions for a configuration")
     t.add_argument("config", nargs="?")
@@ -40,6 +54,20 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="compare a saved run with the theory")
     c.add_argument("dir")
+
+    sw = sub.add_parser("sweep", help="one run per point of a cross product of config values, and a CSV table")
+    sw.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
+    sw.add_argument(
+        "--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
+        help="a config field and its values (TOML values, comma-separated; e.g. data.L=50,100,200 or "
+        "data.parents=[1],[1,2]); repeat for a cross product",
+    )  # fmt: skip
+    sw.add_argument("--out", required=True, help="sweep folder: one run folder per point and sweep.csv")
+    sw.add_argument("--resume", action="store_true", help="reuse or continue the points' runs already in --out")
+    sw.add_argument("--overwrite", action="store_true", help="replace the points' runs already in --out")
+    sw.add_argument("--no-check", action="store_true", help="skip the check reports (no theory columns)")
+    sw.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
+    sw.add_argument("--quiet", action="store_true")
 
     pl = sub.add_parser("plot", help="draw the figures of a saved run")
     pl.add_argument("dir")
@@ -82,11 +110,13 @@ def _dispatch(args) -> int:
         if args.progress:
             cfg = cfg.replace(solver={"progress": True})
         out = Path(args.out)
+        if args.replicates is not None:
+            return _run_replicates(args, cfg, out)
         if not args.quiet:
             print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
         t0 = time.perf_counter()
         try:
-            traj = integrate(cfg, out=out, resume=args.resume, verbose=not args.quiet)
+            traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
         except FlowError as e:
             print(f"gflow run: {e}", file=sys.stderr)
             return 1
@@ -113,11 +143,50 @@ def _dispatch(args) -> int:
         ok = _check(Path(args.dir), quiet=False)
         return 0 if ok else 1
 
+    if args.cmd == "sweep":
+        from .sweep import run_sweep
+
+        cfg = load_config(args.config)
+        if args.progress:
+            cfg = cfg.replace(solver={"progress": True})
+        out = Path(args.out)
+        if not args.quiet:
+            print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
+                  flush=True)  # fmt: skip
+        res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
+                        overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+        if not args.quiet:
+            print(res.table())
+            print(f"  {len(res.rows)} runs in {res.wall:.1f} s; table in {res.csv}")
+        for r in res.failed:
+            print(f"gflow sweep: point {r['dir']}: {r['status']}", file=sys.stderr)
+        return 1 if res.failed else 0
+
     if args.cmd == "plot":
         d = Path(args.dir)
         _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
         return 0
     raise AssertionError(args.cmd)
+
+
+def _run_replicates(args, cfg, out: Path) -> int:
+    from .flow import FlowError
+    from .replicates import run_replicates
+
+    if not args.quiet:
+        print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
+    try:
+        res = run_replicates(cfg, args.replicates, out=out, resume=args.resume, overwrite=args.overwrite,
+                             check=not args.no_check, verbose=not args.quiet)  # fmt: skip
+    except FlowError as e:
+        print(f"gflow run: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(res.table())
+        print(f"  bands and check spread in {out / 'replicates.json'}, {out / 'bands.npz'}, {out / 'replicates.md'}")
+    if not args.no_plot:
+        _plot(res.dirs[0], res.dirs[0] / "figures", args.format, quiet=args.quiet)
+    return 0
 
 
 def _check(out: Path, *, quiet: bool) -> bool:

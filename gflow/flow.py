@@ -215,6 +215,7 @@ def integrate(
     *,
     out: str | Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     loss: PopulationLoss | None = None,
     params0: Params | None = None,
     verbose: bool = False,
@@ -230,6 +231,8 @@ def integrate(
       to the (possibly later) end times of ``config`` — e.g. a longer Stage
       III. The data, model, initialisation, estimator, solver method and
       schedule kind must equal the saved run's.
+    - `overwrite`: allow writing over a run already saved in `out` (without
+      it, that is an error: a finished run is never replaced silently).
     - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
       seed; passing the same one to several runs compares them on one sample).
     - `params0`: the initial θ (default: the paper's initialisation).
@@ -244,23 +247,32 @@ def integrate(
     dtype = cfg.estimator.jdtype
     out = None if out is None else Path(out)
     t_wall = time.perf_counter()
-    if loss is None:
-        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     plan = _plan(cfg)
-
+    # Everything that can be wrong with the request is checked before sampling.
     if resume:
         if out is None:
             raise ValueError("resume=True needs the run folder `out`")
         traj = load(out)
         _check_resumable(traj.config, cfg)
+    else:
+        if out is not None and (out / "run.json").exists() and not overwrite:
+            raise ValueError(
+                f"{str(out)!r} already holds a run: resume it (resume=True, `gflow run --resume`) "
+                "or pass overwrite=True (`--overwrite`)"
+            )
+        if params0 is None:
+            params0 = init_params(cfg.model, cfg.init, dtype=dtype)
+        _check_params(params0, cfg)
+    if loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+
+    if resume:
         traj.config = cfg
         y = _params_from(traj, -1, dtype)
         t = float(traj.ts[-1])
         wall0 = traj.wall
     else:
-        if params0 is None:
-            params0 = init_params(cfg.model, cfg.init, dtype=dtype)
-        y = params0
+        y = Params(**{b: jnp.asarray(getattr(params0, b), dtype) for b in ("w", "C", "a")})
         t = 0.0
         wall0 = 0.0
         H, M = cfg.model.H, cfg.model.M
@@ -269,7 +281,7 @@ def integrate(
         _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
                 stage_index=_stage_index(plan[0][0]))  # fmt: skip
 
-    for k, (name, duration) in enumerate(plan):
+    for name, duration in plan:
         rec = next((r for r in traj.stages if r.name == name), None)
         if rec is not None and rec.complete:
             new_end = rec.t0 + duration
@@ -290,6 +302,16 @@ def integrate(
     if out is not None:
         save(traj, out)
     return traj
+
+
+def _check_params(p: Params, cfg: Config) -> None:
+    shapes = {"w": (cfg.model.H, cfg.model.M), "C": (len(cfg.model.subsets),), "a": ()}
+    for b, shape in shapes.items():
+        x = np.asarray(getattr(p, b))
+        if x.shape != shape or not np.all(np.isfinite(x)):
+            raise ValueError(f"params0.{b} must be a finite array of shape {shape} for this model, got {x.shape}")
+    if not np.any(np.asarray(p.C) != 0):
+        raise ValueError("params0.C must not be all zero (c = C² would have Σc = 0)")
 
 
 def _stage_index(name: str) -> int:

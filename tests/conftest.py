@@ -1,15 +1,5 @@
 import os
-
-# The test suite is dominated by XLA compile time, not run time (every test
-# problem is tiny). Compiling without LLVM's optimisation passes roughly halves
-# it and leaves IEEE float64 semantics unchanged. Set GFLOW_TEST_XLA_OPT=1 to
-# test with the default (optimised) pipeline instead.
-if os.environ.get("GFLOW_TEST_XLA_OPT", "0") != "1":
-    _flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_backend_optimization_level" not in _flags:
-        os.environ["XLA_FLAGS"] = (
-            _flags + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-        ).strip()
+from pathlib import Path
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -30,3 +20,27 @@ def getkey():
         return jax.random.fold_in(base, next(counter))
 
     return _getkey
+
+
+SMALL_TOML = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
+
+
+@pytest.fixture(scope="session")
+def small_config():
+    """The test-size staged run (scripts/small.toml: d = 3, parents (1, 2),
+    L = 40, N = 2000)."""
+    return gflow.load_config(SMALL_TOML)
+
+
+@pytest.fixture(scope="session")
+def small_loss(small_config):
+    c = small_config
+    return gflow.make_loss(c.data, c.model, c.estimator)
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, small_config, small_loss):
+    """The small staged flow, integrated once per session and shared by the
+    flow and check tests: ``(trajectory, run folder)``."""
+    out = tmp_path_factory.mktemp("small_run")
+    return gflow.integrate(small_config, out=out, loss=small_loss), out
