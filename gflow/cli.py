@@ -170,23 +170,20 @@ def _dispatch(args) -> int:
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
-    from .flow import FlowError
     from .replicates import run_replicates
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
-    try:
-        res = run_replicates(cfg, args.replicates, out=out, resume=args.resume, overwrite=args.overwrite,
-                             check=not args.no_check, verbose=not args.quiet)  # fmt: skip
-    except FlowError as e:
-        print(f"gflow run: {e}", file=sys.stderr)
-        return 1
+    res = run_replicates(cfg, args.replicates, out=out, resume=args.resume, overwrite=args.overwrite,
+                         check=not args.no_check, verbose=not args.quiet)  # fmt: skip
     if not args.quiet:
         print(res.table())
         print(f"  bands and check spread in {out / 'replicates.json'}, {out / 'bands.npz'}, {out / 'replicates.md'}")
-    if not args.no_plot:
+    if not args.no_plot and res.trajectories[0].status == "complete":
         _plot(res.dirs[0], res.dirs[0] / "figures", args.format, quiet=args.quiet)
-    return 0
+    for r in res.failed:
+        print(f"gflow run: replicate {r}: {res.trajectories[r].status}", file=sys.stderr)
+    return 1 if res.failed else 0
 
 
 def _check(out: Path, *, quiet: bool) -> bool:

@@ -94,7 +94,7 @@ __all__ = [
     "run_replicates",
 ]
 
-#: The quantities whose bands are computed: name -> (trajectory attribute, meaning).
+#: The quantities whose bands are computed: name -> meaning (shape at one saved time).
 QUANTITIES = {
     "c_frac": "selector weights c_S/Σc, (|𝒮|,)",
     "s": "copier attention softmax(w^(h)), (H, M)",
@@ -478,6 +478,11 @@ class Replicates:
     def R(self) -> int:
         return len(self.seeds)
 
+    @property
+    def failed(self) -> list[int]:
+        """Indices of the replicates whose run did not complete."""
+        return [r for r, tr in enumerate(self.trajectories) if tr.status != "complete"]
+
     def stage_summary(self) -> dict[str, dict]:
         """Per stage: the spread of its length, how it ended and the selected set."""
         out = {}
@@ -662,6 +667,7 @@ def run_replicates(
       docstring).
     - `base_seed`: replicate r uses ``estimator.seed = base_seed + r``
       (default: ``config.estimator.seed``).
+    - `overwrite`: replace runs already in the replicate folders.
     - `resume`: replicate folders that already hold a run are resumed
       (:func:`gflow.integrate` with ``resume=True``: a complete run is
       reused as it is, an interrupted one continued) instead of refused.
@@ -673,12 +679,16 @@ def run_replicates(
 
     **Returns:** :class:`Replicates`.
 
+    A replicate whose integration fails (:class:`gflow.FlowError`) is kept
+    with its partial trajectory (its status says why; :attr:`Replicates.failed`
+    lists it), contributes to the bands as far as it got, gets no check
+    report, and the other replicates go on.
+
     **Raises:** ``ValueError`` for a bad `R` or `base_seed`, or (before any
-    replicate runs) an existing replicate folder without `resume`;
-    :class:`gflow.FlowError` if a replicate's integration fails (the
-    replicates before it are kept on disk).
+    replicate runs) an existing replicate folder without `resume` or
+    `overwrite`.
     """
-    from .flow import integrate
+    from .flow import FlowError, integrate
 
     seeds = replicate_seeds(config, R, base_seed)
     cfgs = [config.replace(estimator={"seed": s}) for s in seeds]
@@ -702,10 +712,16 @@ def run_replicates(
             print(f"replicate {r + 1}/{len(seeds)}: estimator.seed = {seeds[r]}" + (f" -> {d}" if d else ""),
                   flush=True)  # fmt: skip
         again = d is not None and resume and (d / "run.json").exists()
-        traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
+        try:
+            traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
+        except FlowError as e:
+            traj = e.trajectory
+            notes.append(f"replicate {r} (seed {seeds[r]}) failed: {e}")
+            if verbose:
+                print(f"  {notes[-1]}", flush=True)
         walls.append(time.perf_counter() - t0)
         trajs.append(traj)
-        if checker is not None:
+        if checker is not None and traj.status == "complete":
             reports.append(checker(traj, d, dict(check_kwargs or {})))
         else:
             reports.append(None)

@@ -26,7 +26,11 @@ to what the run measured: ``S_measured`` (argmax c/Σc at the end of Stage I,
 or of the run for the joint schedule), ``slope`` (least squares of a against
 log τ in Stage III over the saved times with a in the window; the paper
 predicts 1), ``a_end``, ``loss_end`` and its standard error; and the check
-report's verdict (``checks_passed``, ``checks_failed``). The theory columns
+report's verdict (``checks_passed``, ``checks_failed``). ``wall_s`` is the
+run's own wall time: points run one after another in one process, so the
+first point of a shape pays its compilation and the later ones reuse it
+(the seed, ε, the initialisation or, with the counts layout, ``data.L``
+leave the flow's shapes unchanged; ``estimator.N`` changes them). The theory columns
 come from the check report (:func:`gflow.checks.check_run`, which also writes
 ``report.json`` into each run folder); with ``check=False`` they are empty
 and only the measured columns are filled.

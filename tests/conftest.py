@@ -1,10 +1,9 @@
-import os
 from pathlib import Path
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
-import gflow  # noqa: E402,F401  (importing gflow turns on float64)
+import gflow  # noqa: F401  (importing gflow turns on float64)
 
 jax.config.update("jax_enable_x64", True)
 

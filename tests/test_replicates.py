@@ -204,6 +204,22 @@ def test_run_replicates_are_the_single_runs(tmp_path):
     np.testing.assert_array_equal(again.trajectories[0].a, res.trajectories[0].a)
 
 
+def test_failed_replicate_is_kept(tmp_path):
+    """With ε = 0 and tokens absent from a context the loss is infinite and
+    every replicate fails at the start of Stage I: each is kept with its
+    status, the others still run, and `gflow run --replicates` exits with 1."""
+    bad = TINY.replace(estimator={"eps": 0.0})
+    res = run_replicates(bad, 2, out=tmp_path / "a")
+    assert res.failed == [0, 1]
+    assert all(tr.status.startswith("failed: Stage I") for tr in res.trajectories)
+    assert len(res.notes) == 2 and "replicate 1 (seed 1) failed" in res.notes[1]
+    assert res.bands["I"].count.tolist() == [2]  # only the initial state
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[data]\nL = 20\n[estimator]\nN = 200\neps = 0.0\n[schedule]\ndurations = [2.0, 2.0, 2.0]\n"
+                    "[solver]\nsave_per_decade = 3\ntau_min = 0.5\n")  # fmt: skip
+    assert main(["run", str(toml), "--out", str(tmp_path / "b"), "--replicates", "2", "--quiet"]) == 1
+
+
 def test_cli_run_replicates_with_checks(tmp_path):
     """`gflow run CONFIG --replicates 2`: two checked replicate folders and the
     spread of every check row across them."""
@@ -233,29 +249,37 @@ def test_cli_run_replicates_with_checks(tmp_path):
 
 @pytest.mark.slow
 def test_bands_shrink_like_inverse_sqrt_N():
-    """The spread across replicates of a(τ), c_S*/Σc(τ) and the loss at fixed
-    saved times is ∝ N^{-1/2}: the log-log slope of the band width (std over
-    R = 16 replicates) against N = 125, 500, 2000 is −1/2.
+    """The spread across replicates of c_S*/Σc at the end of Stage I and of a
+    at the end of Stage III (fixed saved times on the stages' clocks) is
+    ∝ N^{-1/2}: the log-log slope of the band width (std over R = 16
+    replicates) against N = 125, 500, 2000 is −1/2.
 
     Tolerance: with R replicates, log(std) has a sampling standard deviation
-    ≈ 1/√(2(R−1)) (Gaussian values) = 0.18; the least-squares slope over three
-    sizes a factor 4 apart then has a standard error 0.18/(ln 4·√2) = 0.066;
-    we allow 4 of them (0.26), which also covers the O(N^{-1}) corrections
-    to the delta method at N = 125."""
+    ≈ 1/√(2(R−1)) = 0.18 (Gaussian values); the least-squares slope over
+    three sizes a factor 4 apart then has a standard error
+    0.18/(ln 4·√2) = 0.093; we allow 3 of them (0.28), which also covers the
+    O(N^{-1}) corrections to the delta method at N = 125.
+
+    The loss band is printed but not asserted: at L = 20 and α = 0.1 many
+    targets are absent from the context and cost −log ε ≈ 13.8 each, so the
+    per-sequence loss is heavy-tailed and the std of 16 replicates scatters
+    more than the Gaussian figure above allows for; its slope is −1/2 only
+    within a tolerance this test does not control."""
     R = 16
     sizes = (125, 500, 2000)
-    cfg = TINY.replace(schedule={"durations": [2.0, 2.0, 5.0]})
-    widths = {"a": [], "c_frac": [], "loss": []}
+    iS = TINY.model.subsets.index((1, 2))
+    widths = {"c_frac": [], "a": [], "loss": []}
     for N in sizes:
-        res = run_replicates(cfg.replace(estimator={"N": N}), R)
+        res = run_replicates(TINY.replace(estimator={"N": N}), R)
         b1, b3 = res.bands["I"], res.bands["III"]
         assert np.all(b1.count == R) and np.all(b3.count == R)
-        iS = gflow.Config().model.subsets.index((1, 2))
-        widths["c_frac"].append(b1.std["c_frac"][-1, iS])  # end of Stage I (τ = 2)
-        widths["a"].append(b3.std["a"][-1])  # end of Stage III (τ = 5)
+        assert b1.tau[-1] == pytest.approx(2.0) and b3.tau[-1] == pytest.approx(2.0)
+        widths["c_frac"].append(b1.std["c_frac"][-1, iS])
+        widths["a"].append(b3.std["a"][-1])
         widths["loss"].append(b3.std["loss"][-1])
     se = 1 / math.sqrt(2 * (R - 1)) / (math.log(4) * math.sqrt(2))
+    slopes = {q: np.polyfit(np.log(sizes), np.log(w), 1)[0] for q, w in widths.items()}
     for q, w in widths.items():
-        slope = np.polyfit(np.log(sizes), np.log(w), 1)[0]
-        print(f"{q}: widths {np.round(w, 6).tolist()}, slope {slope:.3f} (±{se:.3f})")
-        assert abs(slope + 0.5) <= 4 * se, (q, w, slope)
+        print(f"{q}: widths {np.round(w, 6).tolist()}, log-log slope {slopes[q]:.3f} (SE {se:.3f})")
+    for q in ("c_frac", "a"):
+        assert abs(slopes[q] + 0.5) <= 3 * se, (q, widths[q], slopes[q])

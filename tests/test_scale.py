@@ -135,6 +135,10 @@ _CHILD = textwrap.dedent(
     """
     import json, sys
     import jax
+    if len(sys.argv) > 3:  # one process of a multi-process run: jax.distributed over CPU (gloo)
+        pid, nproc, port = (int(x) for x in sys.argv[3:6])
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=nproc, process_id=pid)
     import numpy as np
     import gflow
     sys.path.insert(0, sys.argv[2])
@@ -142,13 +146,24 @@ _CHILD = textwrap.dedent(
 
     job = json.loads(sys.argv[1])
     assert len(jax.devices()) == 4, jax.devices()
-    out = {"devices": len(jax.devices())}
+    out = {"devices": len(jax.devices()), "local_devices": len(jax.local_devices())}
     cfg = gflow.config.from_dict(job["config"]).replace(estimator={"shard": True})
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     sh = loss.feats.cond.sharding
     out["feature_devices"] = len(sh.device_set)
     out["fully_replicated"] = bool(sh.is_fully_replicated)
-    out["values"] = {k: v.tolist() for k, v in T._np(T._everything(loss, T._theta(cfg))).items()}
+    vals = T._everything(loss, T._theta(cfg))
+
+    def fetch(v):  # per-sequence values stay sharded across processes: gather them
+        if v.is_fully_addressable or v.is_fully_replicated:
+            return np.asarray(v)
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(v, tiled=True))
+
+    out["values"] = {k: fetch(v).tolist() for k, v in vals.items()}
+    if job.get("values_only"):
+        print("RESULT " + json.dumps(out))
+        sys.exit(0)
     try:
         bad = cfg.replace(estimator={"N": 202})
         gflow.make_loss(bad.data, bad.model, bad.estimator)
@@ -202,3 +217,36 @@ def test_sharded_flow_equals_single_device():
     ref = gflow.integrate(TINY)
     assert child["steps"] == [s.steps for s in ref.stages]
     _assert_same({k: np.asarray(v) for k, v in child["traj"].items()}, _traj_arrays(ref), rtol=1e-10)
+
+
+@pytest.mark.slow
+def test_multiprocess_sharded_equals_single_device():
+    """Two processes joined by ``jax.distributed`` (CPU collectives over gloo),
+    two forced host devices each: the sequence axis sharded over the 4 global
+    devices gives, in both processes, the single-device loss, gradient,
+    standard errors and stage vector fields (the multi-host launch of the
+    README, on one machine)."""
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("localhost", 0))
+        port = sk.getsockname()[1]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    here = os.path.dirname(os.path.abspath(__file__))
+    job = json.dumps({"config": TINY.to_dict(), "flow": False, "values_only": True})
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, job, here, str(pid), "2", str(port)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=1200) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-4000:]
+    loss = gflow.make_loss(TINY.data, TINY.model, TINY.estimator)
+    ref = _np(_everything(loss, _theta(TINY)))
+    for o, _ in outs:
+        child = json.loads(next(x for x in o.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+        assert (child["devices"], child["local_devices"], child["feature_devices"]) == (4, 2, 4)
+        _assert_same({k: np.asarray(v) for k, v in child["values"].items()}, ref)
