@@ -16,7 +16,7 @@ Runs (default d = 3, L = 40, N = 2000; ``--L``, ``--N``):
   events, δ = 0.01; Stage III runs 1e4), Tsit5;
 - **joint** for each ``--joint η_w,η_C,η_a`` (default ``1,1,1`` and
   ``1,0.001,1``), up to ``--t1`` (default 1e6), with Kvaerno5 (implicit) at
-  rtol 1e-6, atol 1e-9. The joint flow is stiff: the selector's rate is
+  rtol 1e-5, atol 1e-8 (1e-6/1e-9 change the end state by ~1e-6). The joint flow is stiff: the selector's rate is
   ∝ a/‖C‖² (SPEC §6.2) with ‖C‖² = 7e-4 at the paper's c₀ = 0.01, so once a
   has grown the weights C_S of the losing sets decay at rates of hundreds;
   Tsit5 needs ~9,000 steps just to reach t = 100, Kvaerno5 ~300 to t = 1e6.
@@ -100,8 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--joint", type=_etas, nargs="+", default=[(1.0, 1.0, 1.0), (1.0, 1e-3, 1.0)],
                    metavar="ETA_W,ETA_C,ETA_A", help="time scales of each joint run (default 1,1,1 1,0.001,1)")  # fmt: skip
     p.add_argument("--t1", type=float, default=1e6, help="end time of the joint runs (default 1e6)")
-    p.add_argument("--rtol", type=float, default=1e-6, help="rtol of the joint runs' Kvaerno5 (default 1e-6)")
-    p.add_argument("--atol", type=float, default=1e-9, help="atol of the joint runs' Kvaerno5 (default 1e-9)")
+    p.add_argument("--rtol", type=float, default=1e-5, help="rtol of the joint runs' Kvaerno5 (default 1e-5)")
+    p.add_argument("--atol", type=float, default=1e-8, help="atol of the joint runs' Kvaerno5 (default 1e-8)")
     p.add_argument("--n-pi", type=int, default=500, help="prior kernels for the Ĩ ranking (default 500)")
     p.add_argument("--out", default=str(ROOT / "runs" / "joint_vs_staged"), help="folder of the runs")
     p.add_argument("--reuse", action="store_true", help="load complete runs with the same configuration from --out")
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         cfg = base.replace(
             schedule={"kind": "joint", "t1": args.t1, "eta_w": ew, "eta_C": ec, "eta_a": ea},
             solver={"method": "kvaerno5", "rtol": args.rtol, "atol": args.atol, "save_per_decade": 6,
-                    "tau_min": 1e-2},
+                    "tau_min": 0.1},
         )  # fmt: skip
         name = f"joint, (η_w, η_C, η_a) = ({_fmt_eta(ew)}, {_fmt_eta(ec)}, {_fmt_eta(ea)})"
         tr, wall = _run(cfg, loss, out / f"joint_{_fmt_eta(ew)}_{_fmt_eta(ec)}_{_fmt_eta(ea)}", args.reuse, name)
@@ -183,12 +183,15 @@ def main(argv=None) -> int:
             tr, c = r["traj"], r["color"]
             m = tr.ts > 0
             t = tr.ts[m]
-            ax1.plot(t, np.maximum(1 - tr.c_frac[m, iS], 1e-16), color=c, lw=1.8)
+            # Σ_{S≠S*} c_S/Σc, not 1 − c_S*/Σc: no cancellation when it is tiny
+            cf = tr.c_frac[m]
+            ax1.plot(t, np.delete(cf, iS, axis=1).sum(-1), color=c, lw=1.8)
             for h, ls in zip(S_star, ("-", "--", ":")):
                 ax2.plot(t, 1 - tr.s[m, h - 1, h - 1], color=c, lw=1.6, ls=ls)
             ax3.plot(t, tr.a[m], color=c, lw=1.8)
             ax4.plot(t, tr.loss[m] - lim, color=c, lw=1.8)
         ax1.set_yscale("log")
+        ax1.set_ylim(1e-12, 2.0)
         ax1.set_ylabel(r"$1 - c_{S^*}/\Sigma c$")
         ax1.set_title(rf"selector: weight off $S^*$ = {subset_label(S_star)}", fontsize=11)
         ax2.set_yscale("log")
@@ -196,16 +199,19 @@ def main(argv=None) -> int:
         hs = ", ".join(f"h = {h}: {ls}" for h, ls in zip(S_star, ("solid", "dashed", "dotted")))
         ax2.set_title(rf"copier: attention off offset $h$, $h \in S^*$ ({hs})", fontsize=11)
         ax3.axhline(a_star, color="tab:red", ls="--", lw=1.2)
-        ax3.text(1e-2, a_star, rf"GIH $a^*$ = {a_star:.3f}", color="tab:red", va="bottom", fontsize=10)
+        ax3.text(0.03, a_star + 0.1, rf"GIH $a^*$ = {a_star:.3f}", color="tab:red", va="bottom", fontsize=10,
+                 transform=ax3.get_yaxis_transform())
         ax3.set_ylabel("$a$")
         ax3.set_title("classifier scale $a$", fontsize=11)
         ax4.set_yscale("symlog", linthresh=1e-5)
+        lo = min(float(np.min(r["traj"].loss - lim)) for r in runs)
+        ax4.set_ylim(min(-1e-4, 3 * lo), 1.0)
         ax4.axhline(0.0, color="tab:red", ls="--", lw=1.2)
         ax4.set_ylabel(r"$\hat L(t) - \inf_a L_{\rm GIH}$  (symlog)")
         ax4.set_title(rf"loss above the GIH limit $\inf_a L_{{\rm GIH}}$ = {lim:.5f}", fontsize=11)
         for ax in axes.ravel():
             ax.set_xscale("log")
-            ax.set_xlim(1e-2, None)
+            ax.set_xlim(0.1, None)
             ax.grid(alpha=0.3)
             for b in bounds:
                 ax.axvline(b, color="0.5", ls=":", lw=1.2)

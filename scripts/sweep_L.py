@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             blk = jax.tree.map(lambda x: x[r * args.N : (r + 1) * args.N], smp)
             gih = make_gih(blk, S, eps=float(est.eps), kind=est.loss)
             laws.append(stage3_law(gih, a_max=args.a_max))
-        curves[L] = (laws[0].a, laws[0].Fexp)
+        curves[L] = (laws[0].a, laws[0].Fexp, laws[0].a_star)
         nan = lambda v: np.nan if v is None else v  # noqa: E731
         vals = {
             "a_star": [nan(w.a_star) for w in laws],
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
         ax1.set_title(r"$a^*$ and the validity window $\{F e^a \geq C^*/2\}$", fontsize=11)
         ax1.legend(handles=pts + lines, fontsize=8.5, loc="upper left", ncol=2)
         top = max(np.nanmax([r["a_star"] + r["a_star_se"] for r in rows]), 1.0)
-        ax1.set_ylim(0, 1.45 * top)
+        ax1.set_ylim(0, 1.35 * top)
 
         y = np.array([r["width"] for r in rows])
         se = np.array([r["width_se"] for r in rows])
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
             ax2.plot(LL, al + be * np.log(LL), "--", color="tab:purple", lw=1.2, label=f"fit {al:.2f} + {be:.2f} ln L")
         log_L_axis(ax2)
         ax2.set_ylabel(r"width $a_{\rm hi} - a_{\rm lo}$")
-        ax2.set_title(r"width of the validity window ($\approx$ width / ln 10 decades of $t$)", fontsize=11)
+        ax2.set_title(r"width of the validity window (it spans width/ln 10 decades of $t$)", fontsize=11)
         ax2.legend(fontsize=9, loc="upper left")
 
         y = np.array([r["C_star"] for r in rows])
@@ -224,14 +224,14 @@ def main(argv=None) -> int:
         a_hi = 1.15 * max(np.nanmax([q["a_star"] for q in rows]), 1.0)
         top = 0.0
         for k, L in enumerate(Ls.astype(int)):
-            a, Fe = curves[L]
+            a, Fe, a0_star = curves[L]
             col = cmap(0.85 * k / max(len(Ls) - 1, 1))
             m = a <= a_hi
             ax4.plot(a[m], Fe[m], color=col, lw=1.8, label=f"L = {L}")
             top = max(top, float(np.nanmax(Fe[m])))
-            if np.isfinite(rows[k]["a_star"]):
-                ax4.plot([rows[k]["a_star"]], [0.0], "o", ms=6, mfc="white", color=col)
-        ax4.plot([], [], "o", ms=6, mfc="white", color="0.3", label="$a^*$ (mean over samples)")
+            if a0_star is not None:
+                ax4.plot([a0_star], [0.0], "o", ms=6, mfc="white", color=col)
+        ax4.plot([], [], "o", ms=6, mfc="white", color="0.3", label="$a^*$, the zero of $F$")
         ax4.set_ylim(-0.45 * top, 1.2 * top)
         ax4.set_xlim(0, a_hi)
         ax4.axhline(0, color="black", lw=0.6)
