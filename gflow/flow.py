@@ -330,18 +330,19 @@ def _check_resumable(old: Config, new: Config) -> None:
         raise ValueError("cannot resume: schedule.kind differs from the saved run's")
 
 
-_STATS_BLOCK = 32  # rows per call of the jitted statistics (one compilation for every segment)
-
-
 def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *, stage_index: int) -> None:
     """Append saved states (numpy ``{"w", "C", "a"}`` with a leading axis) with
-    their loss, gradient and standard errors."""
+    their loss, gradient and standard errors.
+
+    The statistics are computed in blocks of one solve's saved points (a
+    decade, plus an event's time): one compiled shape, little padding."""
     n = len(ts)
+    block = traj.config.solver.save_per_decade + 1
     parts = []
-    for i in range(0, n, _STATS_BLOCK):
-        blk = {k: v[i : i + _STATS_BLOCK] for k, v in ys.items()}
+    for i in range(0, n, block):
+        blk = {k: v[i : i + block] for k, v in ys.items()}
         m = len(blk["a"])
-        blk = {k: np.concatenate([v, np.repeat(v[-1:], _STATS_BLOCK - m, axis=0)]) for k, v in blk.items()}
+        blk = {k: np.concatenate([v, np.repeat(v[-1:], block - m, axis=0)]) for k, v in blk.items()}
         st = jax.device_get(_stats_at(loss, Params(**blk)))
         parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
     st = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)

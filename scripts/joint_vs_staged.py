@@ -80,7 +80,7 @@ def _run(cfg, loss, out: Path, reuse: bool, name: str):
         except FileNotFoundError:
             pass
     t0 = time.perf_counter()
-    tr = gflow.integrate(cfg, out=out, loss=loss)
+    tr = gflow.integrate(cfg, out=out, overwrite=True, loss=loss)
     wall = time.perf_counter() - t0
     st = tr.stages
     print(f"  {name}: {sum(s.steps for s in st)} steps (+{sum(s.rejected for s in st)} rejected), "

@@ -26,7 +26,7 @@ table, and the key numbers measured next to the predicted ones.
 Runtime: a few minutes on 2 CPU cores at the default (most of it Stage II and
 the theory's χ²-MI average over 2000 prior kernels); ``--N``/``--L`` change
 the size, ``--n-pi`` the number of prior kernels. ``--resume`` continues a
-run saved in ``--out`` (e.g. an interrupted one).
+run saved in ``--out`` (e.g. an interrupted one), ``--overwrite`` replaces it.
 
 Usage::
 
@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefix", default="paper", help="file-name prefix of the figures (default 'paper')")
     p.add_argument("--n-pi", type=int, default=2000, help="prior kernels for the Ĩ ranking (default 2000)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     p.add_argument("--no-check", action="store_true", help="skip gflow.checks (theory only)")
     p.add_argument("--quiet", action="store_true", help="no line per solver segment")
     args = p.parse_args(argv)
@@ -86,7 +87,13 @@ def main(argv=None) -> int:
     # one sample for the flow, the theory and the checks (common random numbers)
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     t0 = time.perf_counter()
-    traj = gflow.integrate(cfg, out=out, resume=args.resume, loss=loss, verbose=not args.quiet)
+    try:
+        traj = gflow.integrate(
+            cfg, out=out, resume=args.resume, overwrite=args.overwrite, loss=loss, verbose=not args.quiet
+        )
+    except ValueError as e:  # e.g. a run already in --out
+        print(f"reproduce_paper: {e} (flags: --resume, --overwrite)")
+        return 2
     t_flow = time.perf_counter() - t0
     print(f"\nflow: {traj.status}, {len(traj)} saved times, {t_flow:.1f} s")
     for st in traj.stages:
