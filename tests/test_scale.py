@@ -118,6 +118,7 @@ def test_chunked_equals_unchunked(layout):
     np.testing.assert_allclose(np.asarray(big(p)), ref["loss"], rtol=RTOL)
 
 
+@pytest.mark.slow
 def test_chunked_flow_equals_unchunked():
     """A short staged flow (three stages) with a chunked estimator has the same
     trajectory as the unchunked one, to rounding, with the same solver steps."""
@@ -146,13 +147,7 @@ _CHILD = textwrap.dedent(
 
     job = json.loads(sys.argv[1])
     assert len(jax.devices()) == 4, jax.devices()
-    out = {"devices": len(jax.devices()), "local_devices": len(jax.local_devices())}
-    cfg = gflow.config.from_dict(job["config"]).replace(estimator={"shard": True})
-    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
-    sh = loss.feats.cond.sharding
-    out["feature_devices"] = len(sh.device_set)
-    out["fully_replicated"] = bool(sh.is_fully_replicated)
-    vals = T._everything(loss, T._theta(cfg))
+    out = {"devices": len(jax.devices()), "local_devices": len(jax.local_devices()), "layouts": {}}
 
     def fetch(v):  # per-sequence values stay sharded across processes: gather them
         if v.is_fully_addressable or v.is_fully_replicated:
@@ -160,7 +155,17 @@ _CHILD = textwrap.dedent(
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(v, tiled=True))
 
-    out["values"] = {k: fetch(v).tolist() for k, v in vals.items()}
+    cfg = gflow.config.from_dict(job["config"]).replace(estimator={"shard": True})
+    for layout in job["layouts"]:
+        c = cfg.replace(estimator={"layout": layout})
+        loss = gflow.make_loss(c.data, c.model, c.estimator)
+        sh = loss.feats.cond.sharding
+        vals = T._everything(loss, T._theta(c))
+        out["layouts"][layout] = {
+            "feature_devices": len(sh.device_set),
+            "fully_replicated": bool(sh.is_fully_replicated),
+            "values": {k: fetch(v).tolist() for k, v in vals.items()},
+        }
     if job.get("values_only"):
         print("RESULT " + json.dumps(out))
         sys.exit(0)
@@ -179,12 +184,12 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _run_sharded(cfg, *, flow: bool) -> dict:
+def _run_sharded(cfg, *, flow: bool, layouts=()) -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
     env["JAX_PLATFORMS"] = "cpu"
     here = os.path.dirname(os.path.abspath(__file__))
-    job = json.dumps({"config": cfg.to_dict(), "flow": flow})
+    job = json.dumps({"config": cfg.to_dict(), "flow": flow, "layouts": list(layouts)})
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, job, here], env=env, capture_output=True, text=True, timeout=1200
     )
@@ -193,19 +198,22 @@ def _run_sharded(cfg, *, flow: bool) -> dict:
     return json.loads(line[len("RESULT ") :])
 
 
-@pytest.mark.parametrize("layout", ["counts", "positions"])
-def test_sharded_equals_single_device(layout):
+def test_sharded_equals_single_device():
     """On 4 forced host devices, with the sequence axis sharded (N = 200 → 50 a
     device), loss, gradient, standard errors, per-sequence losses and the
-    stages' vector fields equal this process's single-device values; a sample
-    size that is not a multiple of the device count is a clear error."""
-    cfg = TINY.replace(estimator={"layout": layout})
-    child = _run_sharded(cfg, flow=False)
+    stages' vector fields equal this process's single-device values, for
+    both layouts of the sample; a sample size that is not a multiple of the
+    device count is a clear error."""
+    layouts = ("counts", "positions")
+    child = _run_sharded(TINY, flow=False, layouts=layouts)
     assert child["devices"] == 4
-    assert child["feature_devices"] == 4 and not child["fully_replicated"]
-    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
-    ref = _np(_everything(loss, _theta(cfg)))
-    _assert_same({k: np.asarray(v) for k, v in child["values"].items()}, ref)
+    for layout in layouts:
+        got = child["layouts"][layout]
+        assert got["feature_devices"] == 4 and not got["fully_replicated"]
+        cfg = TINY.replace(estimator={"layout": layout})
+        loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+        ref = _np(_everything(loss, _theta(cfg)))
+        _assert_same({k: np.asarray(v) for k, v in got["values"].items()}, ref)
     assert child["error"] is not None and "estimator.N = 202 must be a multiple of the number of devices (4)" in child["error"]
 
 
@@ -235,7 +243,7 @@ def test_multiprocess_sharded_equals_single_device():
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
     env["JAX_PLATFORMS"] = "cpu"
     here = os.path.dirname(os.path.abspath(__file__))
-    job = json.dumps({"config": TINY.to_dict(), "flow": False, "values_only": True})
+    job = json.dumps({"config": TINY.to_dict(), "flow": False, "values_only": True, "layouts": ["counts"]})
     procs = [
         subprocess.Popen([sys.executable, "-c", _CHILD, job, here, str(pid), "2", str(port)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -248,5 +256,6 @@ def test_multiprocess_sharded_equals_single_device():
     ref = _np(_everything(loss, _theta(TINY)))
     for o, _ in outs:
         child = json.loads(next(x for x in o.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
-        assert (child["devices"], child["local_devices"], child["feature_devices"]) == (4, 2, 4)
-        _assert_same({k: np.asarray(v) for k, v in child["values"].items()}, ref)
+        got = child["layouts"]["counts"]
+        assert (child["devices"], child["local_devices"], got["feature_devices"]) == (4, 2, 4)
+        _assert_same({k: np.asarray(v) for k, v in got["values"].items()}, ref)
