@@ -34,8 +34,11 @@ solver settings, so every jitted function compiled for the first replicate
 is reused: R replicates cost one compilation plus R times the run time
 after compilation (the per-replicate wall times are recorded, so this can be
 read off). On a CPU a vmap would buy little anyway: one evaluation of the
-vector field already vectorises over the N sequences. Memory is that of one
-run (each replicate's sample is released before the next is drawn).
+vector field already vectorises over the N sequences, and its cost per
+sequence is the same at N = 10⁴ as at 10⁵ (scripts/bench_scale.py), so
+batching R samples could only save the fixed per-step overhead, which
+matters for small N only. Memory is that of one run (each replicate's
+sample is released before the next is drawn).
 
 **Bands on the stages' own clocks.** Every stage runs on its own clock
 ``τ = t − t0`` (the stage starts at different absolute times in different

@@ -35,8 +35,9 @@ Figure ``figures/joint_vs_staged.png``: against t (log scale; the staged
 run's stage boundaries dotted): 1 − c_{S*}/Σc, 1 − s^(h)_h for h ∈ S*, a (with
 a*), and L̂ − inf_a L_GIH (symmetric-log scale: it may end below 0).
 
-Runtime: ~5 minutes on 2 CPU cores at the default (two implicit joint runs
-of ~2 minutes each). ``--joint 1,1,1`` alone halves it. The runs are saved
+Runtime: ~4–5 minutes on 2 quiet CPU cores at the default (~5 CPU-minutes,
+mostly the two implicit joint runs; 7 minutes on a loaded machine);
+``--joint 1,1,1`` alone takes about half. The runs are saved
 under ``--out`` (default ``runs/joint_vs_staged``); ``--reuse`` loads complete
 runs with the same configuration from there instead of integrating again.
 
@@ -104,7 +105,9 @@ def main(argv=None) -> int:
     p.add_argument("--atol", type=float, default=1e-8, help="atol of the joint runs' Kvaerno5 (default 1e-8)")
     p.add_argument("--n-pi", type=int, default=500, help="prior kernels for the Ĩ ranking (default 500)")
     p.add_argument("--out", default=str(ROOT / "runs" / "joint_vs_staged"), help="folder of the runs")
-    p.add_argument("--reuse", action="store_true", help="load complete runs with the same configuration from --out")
+    p.add_argument(
+        "--reuse", action="store_true", help="load complete runs with the same configuration from --out"
+    )
     p.add_argument("--fig", default=str(ROOT / "figures" / "joint_vs_staged.png"), help="figure path")
     args = p.parse_args(argv)
 
@@ -135,7 +138,9 @@ def main(argv=None) -> int:
                     "tau_min": 0.1},
         )  # fmt: skip
         name = f"joint, (η_w, η_C, η_a) = ({_fmt_eta(ew)}, {_fmt_eta(ec)}, {_fmt_eta(ea)})"
-        tr, wall = _run(cfg, loss, out / f"joint_{_fmt_eta(ew)}_{_fmt_eta(ec)}_{_fmt_eta(ea)}", args.reuse, name)
+        tr, wall = _run(
+            cfg, loss, out / f"joint_{_fmt_eta(ew)}_{_fmt_eta(ec)}_{_fmt_eta(ea)}", args.reuse, name
+        )
         runs.append({"name": name, "traj": tr, "wall": wall, "color": colors[k % len(colors)]})
 
     # the numbers
@@ -192,6 +197,24 @@ def main(argv=None) -> int:
             ax4.plot(t, tr.loss[m] - lim, color=c, lw=1.8)
         ax1.set_yscale("log")
         ax1.set_ylim(1e-12, 2.0)
+        notes = []
+        for r in runs:
+            v = float(np.delete(r["traj"].c_frac[-1], iS).sum())
+            if v < 1e-12:
+                notes.append(
+                    f"{r['name'].split(',')[0]} {r['name'].split('= ')[-1]}: down to {v:.0e} (off scale)"
+                )
+        if notes:
+            ax1.text(
+                0.98,
+                0.03,
+                "\n".join(notes),
+                transform=ax1.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=9,
+                bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.9},
+            )
         ax1.set_ylabel(r"$1 - c_{S^*}/\Sigma c$")
         ax1.set_title(rf"selector: weight off $S^*$ = {subset_label(S_star)}", fontsize=11)
         ax2.set_yscale("log")
@@ -199,8 +222,15 @@ def main(argv=None) -> int:
         hs = ", ".join(f"h = {h}: {ls}" for h, ls in zip(S_star, ("solid", "dashed", "dotted")))
         ax2.set_title(rf"copier: attention off offset $h$, $h \in S^*$ ({hs})", fontsize=11)
         ax3.axhline(a_star, color="tab:red", ls="--", lw=1.2)
-        ax3.text(0.03, a_star + 0.1, rf"GIH $a^*$ = {a_star:.3f}", color="tab:red", va="bottom", fontsize=10,
-                 transform=ax3.get_yaxis_transform())
+        ax3.text(
+            0.03,
+            a_star + 0.1,
+            rf"GIH $a^*$ = {a_star:.3f}",
+            color="tab:red",
+            va="bottom",
+            fontsize=10,
+            transform=ax3.get_yaxis_transform(),
+        )
         ax3.set_ylabel("$a$")
         ax3.set_title("classifier scale $a$", fontsize=11)
         ax4.set_yscale("symlog", linthresh=1e-5)

@@ -23,8 +23,9 @@ Outputs
 It prints the stages (times, what ended them, solver statistics), the check
 table, and the key numbers measured next to the predicted ones.
 
-Runtime: a few minutes on 2 CPU cores at the default (most of it Stage II and
-the theory's χ²-MI average over 2000 prior kernels); ``--N``/``--L`` change
+Runtime: about 2–3 minutes on 2 quiet CPU cores at the default (~2 CPU-minutes:
+the flow, the theory with its χ²-MI average over 2000 prior kernels, the
+checks and the figures; 5–6 minutes on a loaded machine); ``--N``/``--L`` change
 the size, ``--n-pi`` the number of prior kernels. ``--resume`` continues a
 run saved in ``--out`` (e.g. an interrupted one), ``--overwrite`` replaces it.
 

@@ -33,8 +33,9 @@ the L's of the sweep, not a law derived anywhere.
 Output: ``figures/sweep_L.png`` (a*, window ends and the fits; window width;
 C*; F(a)·e^a for one sample per L) and a table.
 
-Runtime: 2–3 minutes on 2 CPU cores at the default, mostly sampling and
-compilation; ``--R``, ``--N``, ``--Ls`` scale it.
+Runtime: about a minute on 2 quiet CPU cores at the default (up to 3 on a
+loaded machine), mostly sampling and compilation; ``--R``, ``--N``, ``--Ls``
+scale it.
 
 Usage::
 
@@ -78,11 +79,19 @@ def wfit(x, y, se) -> tuple[float, float, float, float]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--Ls", type=int, nargs="+", default=[50, 100, 200, 400], help="context lengths (default 50 100 200 400)")
+    p.add_argument(
+        "--Ls",
+        type=int,
+        nargs="+",
+        default=[50, 100, 200, 400],
+        help="context lengths (default 50 100 200 400)",
+    )
     p.add_argument("--R", type=int, default=5, help="independent samples per L (default 5)")
     p.add_argument("--N", type=int, default=4000, help="sequences per sample (default 4000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
-    p.add_argument("--n-pi", type=int, default=500, help="prior kernels for the Ĩ ranking that gives S* (default 500)")
+    p.add_argument(
+        "--n-pi", type=int, default=500, help="prior kernels for the Ĩ ranking that gives S* (default 500)"
+    )
     p.add_argument("--a-max", type=float, default=30.0, help="largest a of the F(a) grid (default 30)")
     p.add_argument("--out", default=str(ROOT / "figures" / "sweep_L.png"), help="figure path")
     args = p.parse_args(argv)
@@ -106,11 +115,11 @@ def main(argv=None) -> int:
         smp = gflow.sample(data, args.N * args.R, key=key)
         laws = []
         for r in range(args.R):
-            blk = jax.tree.map(lambda x: x[r * args.N : (r + 1) * args.N], smp)
+            blk = jax.tree.map(lambda x, r=r: x[r * args.N : (r + 1) * args.N], smp)
             gih = make_gih(blk, S, eps=float(est.eps), kind=est.loss)
             laws.append(stage3_law(gih, a_max=args.a_max))
         curves[L] = (laws[0].a, laws[0].Fexp, laws[0].a_star)
-        nan = lambda v: np.nan if v is None else v  # noqa: E731
+        nan = lambda v: np.nan if v is None else v
         vals = {
             "a_star": [nan(w.a_star) for w in laws],
             "lo": [w.window[0] for w in laws],
@@ -142,7 +151,7 @@ def main(argv=None) -> int:
     print(f"\n{'L':>5} {'a*':>16} {'sd | within SE':>15} {'window lo':>16} {'window hi':>16} {'width':>16} "
           f"{'C*':>16} {'inf L_GIH':>17}")  # fmt: skip
     for r in rows:
-        pm = lambda k, f=".3f": f"{r[k]:{f}} ± {r[k + '_se']:.3f}"  # noqa: E731
+        pm = lambda k, f=".3f", r=r: f"{r[k]:{f}} ± {r[k + '_se']:.3f}"
         sd = f"{r['a_star_se'] * np.sqrt(args.R):.3f} | {r['a_star_se_within']:.3f}"
         print(f"{r['L']:>5d} {pm('a_star'):>16} {sd:>15} {pm('lo'):>16} {pm('hi'):>16} "
               f"{pm('width'):>16} {pm('C_star'):>16} {pm('limit', '.4f'):>17}")  # fmt: skip
@@ -151,8 +160,10 @@ def main(argv=None) -> int:
           f"over the samples: the two should agree)")  # fmt: skip
     for r in rows:
         if r["n_inf"] or r["clipped"] or r["not_interval"]:
-            print(f"  note L = {r['L']}: {r['n_inf']} samples with F > 0 on the whole grid (a* = ∞); "
-                  f"window clipped by the grid: {r['clipped']}; windows not an interval: {r['not_interval']}")
+            print(
+                f"  note L = {r['L']}: {r['n_inf']} samples with F > 0 on the whole grid (a* = ∞); "
+                f"window clipped by the grid: {r['clipped']}; windows not an interval: {r['not_interval']}"
+            )
     names = {"a_star": "a*", "lo": "window lo", "hi": "window hi", "width": "width", "C_star": "C*"}
     for k, (al, be, sa, sb) in fits.items():
         resid = np.array([r[k] for r in rows]) - (al + be * lnL)
@@ -203,7 +214,14 @@ def main(argv=None) -> int:
                      label=r"width $a_{\rm hi} - a_{\rm lo}$ ± SE")  # fmt: skip
         if "width" in fits:
             al, be = fits["width"][:2]
-            ax2.plot(LL, al + be * np.log(LL), "--", color="tab:purple", lw=1.2, label=f"fit {al:.2f} + {be:.2f} ln L")
+            ax2.plot(
+                LL,
+                al + be * np.log(LL),
+                "--",
+                color="tab:purple",
+                lw=1.2,
+                label=f"fit {al:.2f} + {be:.2f} ln L",
+            )
         log_L_axis(ax2)
         ax2.set_ylabel(r"width $a_{\rm hi} - a_{\rm lo}$")
         ax2.set_title(r"width of the validity window (it spans width/ln 10 decades of $t$)", fontsize=11)
@@ -211,10 +229,26 @@ def main(argv=None) -> int:
 
         y = np.array([r["C_star"] for r in rows])
         se = np.array([r["C_star_se"] for r in rows])
-        ax3.errorbar(Ls, y, yerr=se, fmt="D", ms=6, color="tab:orange", capsize=3, label=r"$C^* = \max_a F(a)\,e^a$ ± SE")
+        ax3.errorbar(
+            Ls,
+            y,
+            yerr=se,
+            fmt="D",
+            ms=6,
+            color="tab:orange",
+            capsize=3,
+            label=r"$C^* = \max_a F(a)\,e^a$ ± SE",
+        )
         if "C_star" in fits:
             al, be = fits["C_star"][:2]
-            ax3.plot(LL, al + be * np.log(LL), "--", color="tab:orange", lw=1.2, label=f"fit {al:.2f} + {be:.2f} ln L")
+            ax3.plot(
+                LL,
+                al + be * np.log(LL),
+                "--",
+                color="tab:orange",
+                lw=1.2,
+                label=f"fit {al:.2f} + {be:.2f} ln L",
+            )
         log_L_axis(ax3)
         ax3.set_ylabel(r"$C^*$")
         ax3.set_title(r"$C^*$: the constant of $\partial_t a \approx C^* e^{-a}$", fontsize=11)
