@@ -105,7 +105,11 @@ class SolverConfig(eqx.Module):
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
-    - `eta`: the step of ``"gd"`` (default ``0.1``).
+    - `eta`: the step of ``"gd"`` (default ``0.1``). GD takes whole steps
+      only: a stage of duration T takes ``⌈T/η⌉`` steps (it ends at the first
+      iterate at or after its nominal end), a stage's event ends it at the
+      first iterate where the condition holds, and saved times are rounded to
+      iterates.
     - `save_per_decade`: saved times per decade of each stage's own time
       ``τ = t − t0`` (default 12), on a logarithmic grid from `tau_min` to the
       stage's duration, plus every stage boundary (an event's time).

@@ -72,9 +72,10 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------
 
 
-def _scales(cfg: Config, moves: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
+    # arrays, not static floats: runs that differ only in (η_w, η_C, η_a) share the compiled solve
     eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
-    return tuple((b, eta[b]) for b in moves)
+    return {b: jnp.asarray(eta[b], dtype) for b in moves}
 
 
 _NFEV = [0]
@@ -92,15 +93,59 @@ class _VectorField(eqx.Module):
     implicit solver's Jacobian is only as large as what moves."""
 
     stage_loss: StageLoss
-    scale: tuple[tuple[str, float], ...] = eqx.field(static=True)
+    scale: dict
     counter: Callable | None = eqx.field(static=True, default=None)
 
     def __call__(self, t, y: dict, args) -> dict:
         if self.counter is not None:
             jax.debug.callback(self.counter)
         g = jax.grad(self.stage_loss)(y)
-        scale = dict(self.scale)
-        return {b: -scale[b] * g[b] for b in y}
+        return {b: -self.scale[b] * g[b] for b in y}
+
+
+class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
+    """diffrax's ``PIDController`` whose state also keeps the last proposed
+    step, so a stage integrated one decade (one ``diffeqsolve``) at a time
+    continues each solve with the step size and error history the previous
+    one ended with, instead of restarting the controller (a fresh start
+    guesses a step, usually far too small late in a stage, and climbs back
+    with rejections: it doubled the vector-field evaluations of a run).
+
+    The state is ``(pid_state, dt)``; ``dt <= 0`` means "no previous solve":
+    the PID controller's own initial-step heuristic is used.
+    """
+
+    pid: diffrax.PIDController
+
+    @property
+    def rtol(self):
+        return self.pid.rtol
+
+    @property
+    def atol(self):
+        return self.pid.atol
+
+    @property
+    def norm(self):
+        return self.pid.norm
+
+    def wrap(self, direction):
+        return _CarriedPID(self.pid.wrap(direction))
+
+    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
+        tnext, st = self.pid.init(terms, t0, t1, y0, dt0, args, func, error_order)
+        return tnext, (st, tnext - t0)
+
+    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
+        st, dt_prev = controller_state
+        keep, nt0, nt1, jump, st, result = self.pid.adapt_step_size(
+            t0, t1, y0, y1_candidate, args, y_error, error_order, st
+        )
+        # An accepted step shorter than the step proposed before it was clipped to the end of the
+        # solve: its own proposal reflects the clipped length, so keep the larger of the two.
+        clipped = keep & (t1 - t0 < dt_prev * (1 - 1e-9))
+        dt = jnp.where(clipped, jnp.maximum(nt1 - nt0, dt_prev), nt1 - nt0)
+        return keep, nt0, nt1, jump, (st, dt), result
 
 
 def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
@@ -118,19 +163,40 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
 # ---------------------------------------------------------------------------
 
 
+def _fresh_carry(dtype):
+    """The controller carry of a stage's first solve: no previous step."""
+    one = jnp.asarray(1.0, dtype)
+    return ((one, one, jnp.asarray(False)), jnp.asarray(0.0, jnp.float64))
+
+
 @eqx.filter_jit
-def _solve_segment(vf, y0, t0, t1, ts, dt0, *, method, rtol, atol, max_steps, delta, event_stage, heads, progress):
+def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
+                   progress):  # fmt: skip
     """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
 
-    Only solver settings are static, so runs that differ in durations, seeds
-    or data reuse the compiled solve.
+    ``carry`` is the step-size controller's state at the end of the previous
+    solve of the stage (:func:`_fresh_carry` for the first); the controller
+    state at the end of this one is returned. Only solver settings are static,
+    so runs that differ in durations, seeds, data or time scales reuse the
+    compiled solve.
     """
+    controller_state = None
     if method == "gd":
         solver, controller = diffrax.Euler(), diffrax.ConstantStepSize()
     else:
         solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
-        controller = diffrax.PIDController(rtol=rtol, atol=atol)
-        dt0 = None
+        controller = _CarriedPID(diffrax.PIDController(rtol=rtol, atol=atol))
+        term = diffrax.ODETerm(vf)
+        pid_state, dt_prev = carry
+        # the previous solve's last proposed step, or (first solve) the PID heuristic; lax.cond
+        # evaluates only the branch taken, so a continued solve spends no evaluations here
+        dt0 = jax.lax.cond(
+            dt_prev > 0,
+            lambda: dt_prev,
+            lambda: controller.init(term, t0, t1, y0, None, None, solver.func, solver.error_order(term))[1][1],
+        )
+        dt0 = jnp.minimum(dt0, t1 - t0)
+        controller_state = (pid_state, dt0)
     event = None
     if event_stage is not None:
         fn = lambda t, y, args, **kw: _event_value(event_stage, y, delta, heads)  # noqa: E731
@@ -146,14 +212,17 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, *, method, rtol, atol, max_steps, de
         t1,
         dt0,
         y0,
-        saveat=diffrax.SaveAt(ts=ts, t1=True),
+        saveat=diffrax.SaveAt(ts=ts, t1=True, controller_state=method != "gd"),
         stepsize_controller=controller,
+        controller_state=controller_state,
         event=event,
         max_steps=max_steps,
+        # never differentiated through: a plain while loop (no checkpointing machinery)
+        adjoint=diffrax.ForwardMode(),
         throw=False,
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ts, sol.ys, sol.result, sol.stats
+    return sol.ts, sol.ys, sol.result, sol.stats, (carry if method == "gd" else sol.controller_state)
 
 
 @eqx.filter_jit
@@ -179,10 +248,13 @@ def _grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
     g = t0 + sc.tau_min * 10.0 ** (np.arange(n) / k)
     g = np.append(g[g < t_end], t_end)
     if sc.is_gd:
+        # whole steps only: the stage takes ⌈(t_end − t0)/η⌉ steps (its end is
+        # rounded up to the next iterate), and every saved time is an iterate
         eta = sc.eta
         k0 = round(t0 / eta)
-        g = (k0 + np.unique(np.maximum(np.round((g - t0) / eta), 1))) * eta
-        g[-1] = max(g[-1], t_end)
+        n_end = max(1, int(np.ceil((t_end - t0) / eta - 1e-9)))
+        m = np.clip(np.round((g - t0) / eta), 1, n_end)
+        g = (k0 + np.unique(np.append(m, n_end))) * eta
     return np.unique(g)
 
 
@@ -395,7 +467,7 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     if not bool(finite0):
         fail("the gradient of the loss is not finite at the stage's start "
              "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
-    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves), counter=_count_evaluation)
+    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves, dtype), counter=_count_evaluation)
     y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
     if event_stage is not None and float(_event_value(name, y_np, cfg.schedule.delta, heads)) >= 0:
         rec.ended_by, rec.complete, rec.t1 = "event", True, t
@@ -405,12 +477,13 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     grid = _grid(rec.t0, t_end, cfg)
     grid = grid[grid > t * (1 + 1e-12)]
     ended_by = "duration"
+    carry = _fresh_carry(dtype)
     for seg in _segments(grid, cfg.solver.save_per_decade) if len(grid) else []:
         y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
         sc = cfg.solver
         f64 = lambda x: jnp.asarray(x, dtype=jnp.float64)  # noqa: E731
-        ts, ys, result, stats = _solve_segment(
-            vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta),
+        ts, ys, result, stats, carry = _solve_segment(
+            vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta), carry,
             method=sc.method_for(name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
             delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
         )  # fmt: skip

@@ -231,7 +231,7 @@ class PopulationLoss(eqx.Module):
         f = self.feats
         if isinstance(f, PositionFeatures):
             return jnp.mean(seqmap(unseen_mass, (f.X, f.cond), self.chunk))
-        seen = f.counts.sum(1) > 0
+        seen = f.counts.sum(-1) > 0
         return jnp.mean(jnp.sum(jnp.where(seen, 0.0, f.cond), -1))
 
     def per_sequence_grads(self, params: Params) -> tuple[Float[Array, " N"], Params]:
@@ -259,6 +259,12 @@ class PopulationLoss(eqx.Module):
         are summed per batch and query window, then mapped to (w, C) by the
         Jacobian of the κ table.
         """
+        share, gb, _ = self._batch_grads(params, batches)
+        return share, gb
+
+    def _batch_grads(self, params: Params, batches: int):
+        """:meth:`batch_grads`, plus the per-sequence losses when the same
+        pass yields them (counts layout; ``None`` otherwise)."""
         N = self.N
         B = max(1, min(int(batches), N))
         bid = np.arange(N) % B
@@ -267,9 +273,9 @@ class PopulationLoss(eqx.Module):
         f = self.feats
         if isinstance(f, CountFeatures):
             table = self._table(params.w, params.C)
-            g1 = jax.grad(self._one_counts, argnums=(0, 1))
+            g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
             fn = lambda q, counts, cond: g1(params.a, table[q], counts, cond)  # noqa: E731
-            ga, grow = seqmap(fn, (f.qcode, f.counts, f.cond), self.chunk)
+            ls, (ga, grow) = seqmap(fn, (f.qcode, f.counts, f.cond), self.chunk)
             Q = table.shape[0]
             T = jax.ops.segment_sum(grow, jnp.asarray(bid) * Q + f.qcode, num_segments=B * Q)
             T = T.reshape(B, Q, -1) / jnp.asarray(n_b, T.dtype)[:, None, None]
@@ -279,7 +285,7 @@ class PopulationLoss(eqx.Module):
                 C=jnp.einsum("bqk,qks->bs", T, JC),
                 a=jax.ops.segment_sum(ga, jnp.asarray(bid), num_segments=B) / jnp.asarray(n_b, ga.dtype),
             )
-            return share, gb
+            return share, gb, ls
         nb = -(-N // B)
         idx = np.arange(B * nb)
         real = idx < N
@@ -291,7 +297,7 @@ class PopulationLoss(eqx.Module):
             sub = eqx.tree_at(lambda L: L.feats, self, fb)
             return jnp.sum(wb * sub.per_sequence(p)) / jnp.sum(wb)
 
-        return share, jax.vmap(jax.grad(batch_loss), in_axes=(None, 0, 0))(params, feats_b, wts)
+        return share, jax.vmap(jax.grad(batch_loss), in_axes=(None, 0, 0))(params, feats_b, wts), None
 
     def stats(self, params: Params, *, batches: int = 64) -> LossStats:
         """Loss, gradient and their Monte Carlo standard errors.
@@ -302,9 +308,10 @@ class PopulationLoss(eqx.Module):
         ``std_b/sqrt(B)`` for equal batches), at the cost of one gradient.
         The mean gradient is exactly ``∇L̂`` (the share-weighted batch means).
         """
-        ls = self.per_sequence(params)
+        share, gb, ls = self._batch_grads(params, batches)
+        if ls is None:
+            ls = self.per_sequence(params)
         loss, loss_se = _mean_se(ls)
-        share, gb = self.batch_grads(params, batches)
         B = share.shape[0]
 
         def combine(x):

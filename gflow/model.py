@@ -182,13 +182,13 @@ class CountFeatures(eqx.Module):
     """Window counts of each sequence (the fast layout, exact).
 
     - `qcode`: code of the query's window, ``(N,)``.
-    - `counts`: ``counts[n, k, e] = #{l <= L : window of l is k, x_l = e}``,
-      ``(N, (d+1)**M, d)``.
+    - `counts`: ``counts[n, e, k] = #{l <= L : window of l is k, x_l = e}``,
+      ``(N, d, (d+1)**M)`` (windows last: the loss reduces over them).
     - `cond`: ``π(· | z_q)``, ``(N, d)``.
     """
 
     qcode: Int[Array, " N"]
-    counts: Float[Array, "N K d"]
+    counts: Float[Array, "N d K"]
     cond: Float[Array, "N d"]
 
 
@@ -218,8 +218,8 @@ def _count_features(X, cond, model, dtype):
 
     def one(x):
         codes = window_codes(x, model.M, d)
-        cnt = jnp.zeros(K * d, dtype).at[codes[:-1] * d + x].add(1.0)
-        return codes[-1], cnt.reshape(K, d)
+        cnt = jnp.zeros(d * K, dtype).at[x * K + codes[:-1]].add(1.0)
+        return codes[-1], cnt.reshape(d, K)
 
     qcode, counts = jax.vmap(one)(X)
     return CountFeatures(qcode=qcode, counts=counts, cond=cond.astype(dtype))
@@ -360,18 +360,21 @@ def predict_from_kappa(a, kap: Float[Array, " L"], X: Int[Array, " L"], d: int) 
     return jax.nn.one_hot(X, d, dtype=attn.dtype).T @ attn
 
 
-def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "K d"]) -> Float[Array, " d"]:
-    """Attention layer 2 on window counts: ``ŷ_e = Σ_k e^{a κ_k} n_{k,e} / Σ_k e^{a κ_k} n_k``,
-    with ``row[k] = κ(query window, window k)``; the same ``ŷ`` as
-    :func:`predict_from_kappa`, grouped by key window."""
-    n = counts.sum(-1)
+def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "d K"]) -> Float[Array, " d"]:
+    """Attention layer 2 on window counts: ``ŷ_e = Σ_k e^{a κ_k} n_{e,k} / Σ_k e^{a κ_k} n_k``,
+    with ``row[k] = κ(query window, window k)`` and ``counts[e, k] = n_{e,k}``
+    (see :class:`CountFeatures`); the same ``ŷ`` as :func:`predict_from_kappa`,
+    grouped by key window."""
+    n = counts.sum(0)
     present = n > 0
     z = a * row
     zmax = jax.lax.stop_gradient(jnp.max(jnp.where(present, z, -jnp.inf)))
     # double where: absent windows must not feed exp() an overflow whose
     # (masked) gradient would still be NaN.
     E = jnp.where(present, jnp.exp(jnp.where(present, z, zmax) - zmax), 0.0)
-    return (E @ counts) / (E @ n)
+    # Elementwise products reduced over the windows (the last axis): under
+    # vmap this is about twice as fast as the matrix-vector products.
+    return jnp.sum(E * counts, axis=-1) / jnp.sum(E * n, axis=-1)
 
 
 def predict(params: Params, X: Int[Array, " L"], model: ModelConfig, d: int) -> Float[Array, " d"]:

@@ -413,7 +413,7 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
         d = source.cond.shape[-1]
         return _counts_from_X(jnp.asarray(source.X), S, d)
     if isinstance(source, CountFeatures):
-        K, d = source.counts.shape[1:]
+        d, K = source.counts.shape[1:]
         if M is None:
             M = int(round(math.log(K) / math.log(d + 1)))
         if window_code_count(d, M) != K:
@@ -421,8 +421,8 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
         _check_S(S, M)
         T = jnp.asarray(_count_match_table(d, M, S))
         counts = jnp.asarray(source.counts, jnp.float64)
-        N1e = jnp.einsum("nk,nke->ne", T[source.qcode], counts)
-        return N1e, counts.sum(1) - N1e
+        N1e = jnp.einsum("nk,nek->ne", T[source.qcode], counts)
+        return N1e, counts.sum(-1) - N1e
     raise TypeError(f"gih_counts: source must be a Sample, PositionFeatures or CountFeatures, got {type(source)}")
 
 

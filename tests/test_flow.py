@@ -108,16 +108,22 @@ def test_gd_converges_to_flow_first_order():
 
 
 def test_gd_is_the_iteration():
-    """Two GD steps are θ − ηΛ∇L̂(θ) applied twice, computed here by hand."""
+    """GD steps are θ − ηΛ∇L̂(θ), computed here by hand; a duration that is
+    not a multiple of η (0.25 with η = 0.1) takes ⌈T/η⌉ = 3 whole steps and
+    ends at t = 0.3 (never a partial step), every saved time an iterate."""
     cfg = gflow.Config().replace(
         data={"L": 20}, estimator={"N": 100}, init={"a0": 1.0},
-        schedule={"kind": "joint", "t1": 0.2, "eta_w": 0.5, "eta_C": 2.0, "eta_a": 1.0},
+        schedule={"kind": "joint", "t1": 0.25, "eta_w": 0.5, "eta_C": 2.0, "eta_a": 1.0},
         solver={"method": "gd", "eta": 0.1, "save_per_decade": 1},
     )  # fmt: skip
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     tr = gflow.integrate(cfg, loss=loss)
+    assert tr.ts[-1] == pytest.approx(0.3, abs=1e-12)
+    k = tr.ts / 0.1
+    np.testing.assert_allclose(k, np.round(k), atol=1e-9)
+    assert tr.stages[0].nfev == 3 and tr.stages[0].steps == 3
     p = gflow.init_params(cfg.model, cfg.init)
-    for _ in range(2):
+    for _ in range(3):
         g = loss.grad(p)
         p = Params(w=p.w - 0.1 * 0.5 * g.w, C=p.C - 0.1 * 2.0 * g.C, a=p.a - 0.1 * 1.0 * g.a)
     np.testing.assert_allclose(tr.w[-1], p.w, rtol=1e-12)
