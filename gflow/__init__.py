@@ -42,3 +42,5 @@ from .theory import format_theory as format_theory
 from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
+from .replicates import run_replicates as run_replicates
+from .vmapped import integrate_batch as integrate_batch

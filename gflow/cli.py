@@ -11,7 +11,8 @@
 - ``gflow run [CONFIG] --out DIR --replicates R``: R independent Monte Carlo
   replicates (``estimator.seed = seed + r``) into ``DIR/rep000``, …, with
   their trajectory bands and the spread of the check rows
-  (:mod:`gflow.replicates`).
+  (:mod:`gflow.replicates`); ``--replicates-batch B`` integrates B of them
+  at a time, vmapped (default: as many as fit in memory).
 - ``gflow sweep [CONFIG] --param data.L=50,100,200 [--param …] --out DIR``:
   one run per point of the cross product, and ``DIR/sweep.csv`` with the
   headline results (:mod:`gflow.sweep`).
@@ -45,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run R independent Monte Carlo replicates (estimator.seed = seed + r, r = 0..R-1) into "
         "OUT/rep000, OUT/rep001, ...; write their trajectory bands and the spread of the check rows "
         "(OUT/replicates.json, bands.npz, replicates.md); figures for replicate 0 only",
+    )  # fmt: skip
+    r.add_argument(
+        "--replicates-batch", type=int, metavar="B",
+        help="with --replicates: integrate B replicates at a time, vmapped (default: all R if their samples "
+        "fit in 2 GiB, else as many as fit; 1: one after another)",
     )  # fmt: skip
 
     t = sub.add_parser("theory", help="the theory's predictions for a configuration")
@@ -112,6 +118,8 @@ def _dispatch(args) -> int:
         out = Path(args.out)
         if args.replicates is not None:
             return _run_replicates(args, cfg, out)
+        if args.replicates_batch is not None:
+            raise ValueError("--replicates-batch needs --replicates R")
         if not args.quiet:
             print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
         t0 = time.perf_counter()
@@ -174,8 +182,8 @@ def _run_replicates(args, cfg, out: Path) -> int:
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
-    res = run_replicates(cfg, args.replicates, out=out, resume=args.resume, overwrite=args.overwrite,
-                         check=not args.no_check, verbose=not args.quiet)  # fmt: skip
+    res = run_replicates(cfg, args.replicates, out=out, batch=args.replicates_batch, resume=args.resume,
+                         overwrite=args.overwrite, check=not args.no_check, verbose=not args.quiet)  # fmt: skip
     if not args.quiet:
         print(res.table())
         print(f"  bands and check spread in {out / 'replicates.json'}, {out / 'bands.npz'}, {out / 'replicates.md'}")

@@ -23,22 +23,49 @@ configuration, and the replicates of ``base_seed = 0`` and ``R = 10`` are the
 single runs of seeds 0…9. Everything else (data, model, initialisation,
 schedule, solver) is shared.
 
-**How they run: one after another, not vmapped.** A literal ``vmap`` over
-whole staged runs does not fit the flow: each replicate's Stage I and II end
-at their own events (different times, hence different save grids and a
-different number of solves), and the heads whose concentration ends Stage II
-are the set selected by that replicate's Stage I, a static argument of the
-compiled solve. The replicates are therefore integrated one after another
-by :func:`gflow.integrate`. Every replicate has the same array shapes and
-solver settings, so every jitted function compiled for the first replicate
-is reused: R replicates cost one compilation plus R times the run time
-after compilation (the per-replicate wall times are recorded, so this can be
-read off). On a CPU a vmap would buy little anyway: one evaluation of the
-vector field already vectorises over the N sequences, and its cost per
-sequence is the same at N = 10⁴ as at 10⁵ (scripts/bench_scale.py), so
-batching R samples could only save the fixed per-step overhead, which
-matters for small N only. Memory is that of one run (each replicate's
-sample is released before the next is drawn).
+**How they run: in vmapped batches.** The replicates are integrated in
+batches of ``batch`` (:func:`gflow.vmapped.integrate_batch`): a batch's R
+samples are stacked along a new leading axis and every solve, every stage
+loss and every statistic runs under ``vmap`` over it, while each replicate
+keeps what a literal ``vmap`` of whole runs could not give it: its own
+clock, save grid, events and step-size control. Replicates whose stage has
+ended by its event while others go on idle in zero-length solves, and
+Stage II, whose event heads (the set selected by each replicate's Stage I)
+are a static argument of the compiled solve, runs one batch per selected
+set. Each replicate's trajectory is the one :func:`gflow.integrate` gives
+for its seed, to rounding (the same saved times; values to ~1e-12
+relative), and is written to its folder as that would write it. Its stage
+records keep its own times, ends and step counts; ``nfev`` counts
+evaluations of the batched vector field and ``wall`` is the batch's (see
+:mod:`gflow.vmapped`).
+
+*Memory and chunking.* A batch holds its samples at once: one sample's
+features take :func:`gflow.vmapped.sample_bytes` (counts layout
+``N·d·(d+1)^M`` numbers plus ``N·(1 + d)`` more, positions layout
+``N·L·M²`` plus the tokens), and by default (``batch=None``) the batch is
+every replicate if their samples fit in :data:`SAMPLE_BUDGET` (2 GiB), else
+the largest number that fits (at least one): the R replicates then run in
+chunks of that many, one chunk after another. (Stacking the samples, and
+building each stage's loss, briefly holds a second copy of a batch's
+samples; the working memory of an evaluation, which also grows with the
+batch, is not counted.) The default paper run (d = 3, M = 3, N = 10⁴)
+takes 15.7 MB a sample, so R = 10 is one batch; at N = 10⁶ (1.6 GB a
+sample) the replicates run one at a time. ``batch=1`` is the sequential
+path: :func:`gflow.integrate` of each replicate in turn, every jitted
+function compiled once and reused. A chunk of one replicate runs that way
+too, and so does every replicate that ``resume`` continues from its folder
+(a batch always starts from t = 0). The compiled solves depend on the batch
+size: each distinct batch size compiles once (as long as a single run's).
+
+*Speed.* On a CPU the gain is modest at best: one evaluation of the vector
+field already vectorises over the N sequences (its cost per sequence is the
+same at N = 10⁴ as at 10⁵, scripts/bench_scale.py), so batching only saves
+the fixed per-step overhead, while a batch pays for its slowest replicate
+(the batched loop runs until every replicate is done) and, under ``vmap``,
+for both branches of the solver's data-dependent conditionals (measured on
+two CPU cores, d = 3, L = 20, N = 500, R = 3, after compilation: 2.2 s as
+one batch, 2.3 s one after another). On an accelerator, where one replicate
+leaves most of the device idle, batching the R samples is the point.
 
 **Bands on the stages' own clocks.** Every stage runs on its own clock
 ``τ = t − t0`` (the stage starts at different absolute times in different
@@ -87,10 +114,12 @@ from .trajectory import Trajectory, load
 
 __all__ = [
     "QUANTITIES",
+    "SAMPLE_BUDGET",
     "Replicates",
     "RowSpread",
     "StageBands",
     "bands",
+    "default_batch",
     "load_replicates",
     "replicate_seeds",
     "row_spread",
@@ -113,6 +142,9 @@ _STAGE_INDEX = {"I": 1, "II": 2, "III": 3, "joint": 0}
 # saved τ's differ by a factor 10^(1/save_per_decade), far more.
 _MERGE_RTOL = 1e-6
 _RUN_DIR = "rep{:03d}"
+
+#: Bytes the samples of one vmapped batch may take (module docstring).
+SAMPLE_BUDGET = 2 * 2**30
 
 
 def replicate_seeds(config: Config, R: int, base_seed: int | None = None) -> list[int]:
@@ -461,8 +493,12 @@ class Replicates:
     - `bands`: :func:`bands` of the trajectories, per stage.
     - `reports`: each replicate's check report (JSON dict) or ``None``;
       `spread`: :func:`row_spread` of them.
-    - `wall`: each replicate's wall time (s), compilation included (the
-      first one compiles, the others reuse it); `total_wall`.
+    - `wall`: each replicate's wall time (s), compilation included: that
+      of its batch (every replicate of a batch has the batch's wall time; the
+      first batch, or with ``batch=1`` the first replicate, compiles, the
+      others reuse it); `total_wall`.
+    - `batches`: the replicate indices integrated together, batch by batch
+      (``[[0], [1], …]`` for the sequential path).
     - `notes`.
     """
 
@@ -476,6 +512,7 @@ class Replicates:
     wall: list[float]
     total_wall: float = 0.0
     notes: list[str] = dataclasses.field(default_factory=list)
+    batches: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def R(self) -> int:
@@ -523,6 +560,7 @@ class Replicates:
                 "status": [tr.status for tr in self.trajectories],
                 "wall": self.wall,
                 "total_wall": self.total_wall,
+                "batches": self.batches,
                 "stages": self.stage_summary(),
                 "bands": st,
                 "checks": [r.to_json() for r in self.spread],
@@ -534,7 +572,11 @@ class Replicates:
         """Readable text: stage statistics, the bands at the end of each
         stage's common grid and at a few τ, and the check-row spread."""
         out = [f"{self.R} replicates, seeds {self.seeds[0]}…{self.seeds[-1]} (estimator.seed = {self.seeds[0]} + r)"]
-        if self.wall:
+        if self.wall and any(len(b) > 1 for b in self.batches):
+            walls = ", ".join(f"{len(b)} in {self.wall[b[0]]:.1f} s" for b in self.batches)
+            out.append(f"wall time: batches of replicates (vmapped) {walls} (the first with compilation); "
+                       f"total {self.total_wall:.1f} s")  # fmt: skip
+        elif self.wall:
             rest = self.wall[1:]
             out.append(
                 f"wall time: first {self.wall[0]:.1f} s (with compilation)"
@@ -648,12 +690,22 @@ def _jsonable(x):
 # ---------------------------------------------------------------------------
 
 
+def default_batch(config: Config, R: int, budget: int = SAMPLE_BUDGET) -> int:
+    """How many replicates of `config` are vmapped together by default: all
+    R if their samples fit in `budget` bytes
+    (:func:`gflow.vmapped.sample_bytes` each), else as many as fit, at least one."""
+    from .vmapped import sample_bytes
+
+    return int(max(1, min(int(R), budget // max(1, sample_bytes(config)))))
+
+
 def run_replicates(
     config: Config = Config(),
     R: int = 10,
     *,
     out: str | Path | None = None,
     base_seed: int | None = None,
+    batch: int | None = None,
     resume: bool = False,
     overwrite: bool = False,
     check: bool = False,
@@ -670,30 +722,43 @@ def run_replicates(
       docstring).
     - `base_seed`: replicate r uses ``estimator.seed = base_seed + r``
       (default: ``config.estimator.seed``).
+    - `batch`: how many replicates are vmapped together
+      (:func:`gflow.vmapped.integrate_batch`; the R replicates run in chunks
+      of `batch`, in order). Default: :func:`default_batch`, all R when their
+      samples fit in :data:`SAMPLE_BUDGET`, else the largest batch that fits.
+      ``1``: one after another with :func:`gflow.integrate` (as does a
+      chunk of one).
     - `overwrite`: replace runs already in the replicate folders.
     - `resume`: replicate folders that already hold a run are resumed
-      (:func:`gflow.integrate` with ``resume=True``: a complete run is
-      reused as it is, an interrupted one continued) instead of refused.
+      (:func:`gflow.integrate` with ``resume=True``, one after another: a
+      complete run is reused as it is, an interrupted one continued) instead
+      of refused; the replicates without a run are integrated in batches.
     - `check`: run the check report (:mod:`gflow.checks`) on every replicate
       (with `out`, ``check_run`` writes ``report.json`` into each folder)
       and report the spread of its rows; `check_kwargs` go to it (e.g.
       ``n_pi``).
-    - `verbose`: a line per replicate (and per solve).
+    - `verbose`: a line per replicate or batch (and per solve).
 
     **Returns:** :class:`Replicates`.
 
-    A replicate whose integration fails (:class:`gflow.FlowError`) is kept
-    with its partial trajectory (its status says why; :attr:`Replicates.failed`
-    lists it), contributes to the bands as far as it got, gets no check
-    report, and the other replicates go on.
+    A replicate whose integration fails (its stage cannot start, its solve
+    fails, or its state becomes non-finite: what :func:`gflow.integrate`
+    raises :class:`gflow.FlowError` for) is kept with its partial trajectory
+    (its status says why; :attr:`Replicates.failed` lists it), contributes
+    to the bands as far as it got, gets no check report, and the other
+    replicates (of its batch too) go on.
 
-    **Raises:** ``ValueError`` for a bad `R` or `base_seed`, or (before any
-    replicate runs) an existing replicate folder without `resume` or
-    `overwrite`.
+    **Raises:** ``ValueError`` for a bad `R`, `base_seed` or `batch`, or
+    (before any replicate runs) an existing replicate folder without
+    `resume` or `overwrite`.
     """
     from .flow import FlowError, integrate
+    from .vmapped import _integrate_batch
 
     seeds = replicate_seeds(config, R, base_seed)
+    if batch is not None and (not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1):
+        raise ValueError(f"batch must be an integer >= 1 (or None: by memory), got {batch!r}")
+    B = default_batch(config, len(seeds)) if batch is None else min(int(batch), len(seeds))
     cfgs = [config.replace(estimator={"seed": s}) for s in seeds]
     out = None if out is None else Path(out)
     dirs = [None if out is None else out / _RUN_DIR.format(r) for r in range(len(seeds))]
@@ -704,32 +769,50 @@ def run_replicates(
                 f"replicate folders already hold runs ({', '.join(taken[:3])}{', …' if len(taken) > 3 else ''}): "
                 "resume them (resume=True, `gflow run --replicates R --resume`) or choose another --out"
             )
+    # replicates resumed from their folders run one by one; the others in chunks of B
+    again = [d is not None and resume and (d / "run.json").exists() for d in dirs]
+    fresh = [r for r in range(len(seeds)) if not again[r]]
+    batches = [[r] for r in range(len(seeds)) if again[r]] + [fresh[i : i + B] for i in range(0, len(fresh), B)]
     t_all = time.perf_counter()
-    trajs, walls, reports, notes = [], [], [], []
+    n = len(seeds)
+    trajs: list[Trajectory | None] = [None] * n
+    walls, reports = [0.0] * n, [None] * n
+    errors: list[Exception | None] = [None] * n
+    notes = []
     checker = _checker() if check else None
     if check and checker is None:
         notes.append("gflow.checks is not available: no check reports")
-    for r, (cfg, d) in enumerate(zip(cfgs, dirs)):
+    for chunk in batches:
         t0 = time.perf_counter()
         if verbose:
-            print(f"replicate {r + 1}/{len(seeds)}: estimator.seed = {seeds[r]}" + (f" -> {d}" if d else ""),
-                  flush=True)  # fmt: skip
-        again = d is not None and resume and (d / "run.json").exists()
-        try:
-            traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
-        except FlowError as e:
-            traj = e.trajectory
-            notes.append(f"replicate {r} (seed {seeds[r]}) failed: {e}")
-            if verbose:
-                print(f"  {notes[-1]}", flush=True)
-        walls.append(time.perf_counter() - t0)
-        trajs.append(traj)
-        if checker is not None and traj.status == "complete":
-            reports.append(checker(traj, d, dict(check_kwargs or {})))
+            which = ", ".join(str(seeds[r]) for r in chunk)
+            where = "" if out is None else f" -> {dirs[chunk[0]]}" + (f"…{dirs[chunk[-1]].name}" if len(chunk) > 1 else "")
+            print(f"replicate{'s' if len(chunk) > 1 else ''} {', '.join(str(r + 1) for r in chunk)}/{n}: "
+                  f"estimator.seed = {which}{where}" + (" (vmapped)" if len(chunk) > 1 else ""), flush=True)  # fmt: skip
+        if len(chunk) == 1:
+            r = chunk[0]
+            d = dirs[r]
+            try:
+                trajs[r] = integrate(cfgs[r], out=d, resume=again[r], overwrite=overwrite and not again[r],
+                                     verbose=verbose)  # fmt: skip
+            except FlowError as e:
+                trajs[r], errors[r] = e.trajectory, e
         else:
-            reports.append(None)
+            got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
+                                         overwrite=overwrite, verbose=verbose)  # fmt: skip
+            for r, tr, e in zip(chunk, got, errs):
+                trajs[r], errors[r] = tr, e
+        wall = time.perf_counter() - t0
+        for r in chunk:
+            walls[r] = wall
+            if errors[r] is not None:
+                notes.append(f"replicate {r} (seed {seeds[r]}) failed: {errors[r]}")
+                if verbose:
+                    print(f"  {notes[-1]}", flush=True)
+            if checker is not None and trajs[r].status == "complete":
+                reports[r] = checker(trajs[r], dirs[r], dict(check_kwargs or {}))
         if verbose:
-            print(f"  replicate {r + 1} done in {walls[-1]:.1f} s", flush=True)
+            print(f"  done in {wall:.1f} s", flush=True)
     res = Replicates(
         config=cfgs[0],
         seeds=seeds,
@@ -741,6 +824,7 @@ def run_replicates(
         wall=walls,
         total_wall=time.perf_counter() - t_all,
         notes=notes,
+        batches=batches,
     )
     if out is not None:
         res.save(out)
@@ -788,4 +872,5 @@ def load_replicates(out: str | Path) -> Replicates:
         wall=[tr.wall for tr in trajs],
         total_wall=float(meta.get("total_wall") or sum(tr.wall for tr in trajs)),
         notes=list(meta.get("notes", [])),
+        batches=meta.get("batches") or [[r] for r in range(len(trajs))],
     )
