@@ -467,7 +467,7 @@ def test_real_pipeline(tmp_path):
     """Integrate a tiny configuration, then plot it with the real theory."""
     cfg = Config().replace(
         data={"d": 2, "L": 16}, model={"M": 2, "H": 2, "D": 2}, estimator={"N": 200},
-        schedule={"durations": [1e3, 1e10, 1e3]}, solver={"n_save": 40, "segments": 2},
+        schedule={"durations": [1e3, 1e10, 1e3]}, solver={"save_per_decade": 4},
     )  # fmt: skip
     gflow.integrate(cfg, out=tmp_path)
     paths = gplot.plot_run(tmp_path)
