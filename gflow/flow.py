@@ -417,9 +417,13 @@ def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *,
         blk = {k: np.concatenate([v, np.repeat(v[-1:], block - m, axis=0)]) for k, v in blk.items()}
         st = jax.device_get(_stats_at(loss, Params(**blk)))
         parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
-    st = jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+    _append_rows(traj, ts, ys, jax.tree.map(lambda *xs: np.concatenate(xs), *parts), stage_index=stage_index)
+
+
+def _append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index: int) -> None:
+    """Append saved states and their statistics (a numpy ``LossStats`` with a leading axis)."""
     traj.append(
-        ts=ts, stage=np.full(n, stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
+        ts=ts, stage=np.full(len(ts), stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
         loss=st.loss, loss_se=st.loss_se, unseen=st.unseen,
         grad_w=st.grad.w, grad_C=st.grad.C, grad_a=st.grad.a,
         grad_se_w=st.grad_se.w, grad_se_C=st.grad_se.C, grad_se_a=st.grad_se.a,

@@ -64,6 +64,7 @@ import numpy as np
 from .config import Config
 from .flow import (
     _NFEV,
+    _append_rows,
     _STAGES,
     FlowError,
     _check_params,
@@ -209,13 +210,7 @@ def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
         ts, v = rows[r]
         n = len(ts)
         st = jax.tree.map(lambda x, k=k, n=n: np.asarray(x)[k, :n], st_b)
-        trajs[r].append(
-            ts=ts, stage=np.full(n, stage_index), w=v["w"], C=v["C"], a=v["a"],
-            loss=st.loss, loss_se=st.loss_se, unseen=st.unseen,
-            grad_w=st.grad.w, grad_C=st.grad.C, grad_a=st.grad.a,
-            grad_se_w=st.grad_se.w, grad_se_C=st.grad_se.C, grad_se_a=st.grad_se.a,
-            grad_norm=st.grad_norm,
-        )  # fmt: skip
+        _append_rows(trajs[r], ts, v, st, stage_index=stage_index)
 
 
 # ---------------------------------------------------------------------------
