@@ -102,6 +102,8 @@ import sys
 import tempfile
 import time
 
+from _bench import median_s, rss_mb
+
 TARGET_COLD_S = 60.0  # the target for the whole default run, compilation included
 TARGET_RATIO = 100.0  # the target for GD / flow gradient evaluations
 
@@ -135,14 +137,6 @@ def _load() -> str:
     return f"load avg {a:.2f} / {b:.2f} / {c:.2f} (1/5/15 min) on {os.cpu_count()} cores"
 
 
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
 def _base_config(N: int, L: int):
     import gflow
 
@@ -171,42 +165,32 @@ def child(N: int, L: int, out: str) -> dict:
     jax.config.update("jax_enable_compilation_cache", False)
     jax.block_until_ready(jax.numpy.ones(3) + 1)
     t_import = time.perf_counter() - t0
-    rss_import = _rss_mb("VmRSS")
+    rss_import = rss_mb("VmRSS")
     cfg = _base_config(N, L)
 
     t0 = time.perf_counter()
     cold = gflow.integrate(cfg)
     t_cold = time.perf_counter() - t0
-    hwm_cold = _rss_mb("VmHWM")
+    hwm_cold = rss_mb("VmHWM")
     load1 = os.getloadavg()
 
     t0 = time.perf_counter()
     warm = gflow.integrate(cfg)
     t_warm = time.perf_counter() - t0
-    hwm_warm = _rss_mb("VmHWM")
+    hwm_warm = rss_mb("VmHWM")
     load2 = os.getloadavg()
     save(warm, out)
 
     # cost model: one full gradient, and the statistics (loss, gradient, standard errors) at one saved time
     import equinox as eqx
-    import numpy as np
 
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     p = gflow.init_params(cfg.model, cfg.init)
     grad = eqx.filter_jit(lambda f, q: f.grad(q))
     stats = eqx.filter_jit(lambda f, q: f.stats(q))
 
-    def med(fn, reps):
-        jax.block_until_ready(fn())
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            jax.block_until_ready(fn())
-            ts.append(time.perf_counter() - t)
-        return float(np.median(ts))
-
-    t_grad = med(lambda: grad(loss, p), 20)
-    t_stats = med(lambda: stats(loss, p), 10)
+    t_grad = median_s(lambda: grad(loss, p), 20)
+    t_stats = median_s(lambda: stats(loss, p), 10)
     return dict(
         t_grad_ms=1e3 * t_grad,
         t_stats_ms=1e3 * t_stats,
@@ -635,8 +619,8 @@ def gd_study(args, part1: dict, traj_N) -> dict:
             print(f"   {crit:<10}{tol:8.0e} | " + "".join(cells) + f" | {allc}")
     print(f"   flow (staged run at N = {N:,}, Tsit5 rtol 1e-8): "
           + ", ".join(f"Stage {n} {flow_nfev[n]}" for n in fits) + f", all {tot_flow} vector-field evaluations")
-    print(f"   (path: max over the stage of ‖θ_GD(τ) − θ_flow(τ)‖ / max‖θ_flow‖; where p is far from 1 the "
-          f"first-order extrapolation is rough)")  # fmt: skip
+    print("   (path: max over the stage of ‖θ_GD(τ) − θ_flow(τ)‖ / max‖θ_flow‖; where p is far from 1 the "
+          "first-order extrapolation is rough)")  # fmt: skip
     print(f"\n   part 2 wall: fits at N_fit {t_fit:.1f} s, confirmation at N {t_conf:.1f} s; {_load()}")
     return dict(
         tol=args.tol,

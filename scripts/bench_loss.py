@@ -33,27 +33,9 @@ import subprocess
 import sys
 import time
 
+from _bench import rss_mb, timings
+
 TARGET_MS = 30.0  # the issue's target for one loss + gradient at the default
-
-
-def _rss_mb(field: str) -> float:
-    """``VmRSS`` (current) or ``VmHWM`` (peak) of this process, in MB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def _timeit(fn, reps: int) -> list[float]:
-    import jax
-
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
@@ -66,7 +48,7 @@ def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
     from gflow.loss import resolve_layout
 
     jax.block_until_ready(jnp.ones(3) + 1)  # initialise the backend
-    rss0 = _rss_mb("VmRSS")
+    rss0 = rss_mb("VmRSS")
 
     data = gflow.DataConfig(d=3, parents=(1, 2), alpha=0.1, L=L)
     model = gflow.ModelConfig(M=3, H=3, D=2)
@@ -81,14 +63,14 @@ def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
     t0 = time.perf_counter()
     jax.block_until_ready(vg(f, p))
     t_compile = time.perf_counter() - t0
-    t_vg = _timeit(lambda: vg(f, p), reps)
+    t_vg = timings(lambda: vg(f, p), reps)
 
     st = eqx.filter_jit(lambda f, p: f.stats(p))
     t0 = time.perf_counter()
     s = st(f, p)
     jax.block_until_ready(s)
     t_compile_stats = time.perf_counter() - t0
-    t_st = _timeit(lambda: st(f, p), stats_reps)
+    t_st = timings(lambda: st(f, p), stats_reps)
 
     return dict(
         layout=resolve_layout(layout, data.d, model.M),
@@ -100,7 +82,7 @@ def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
         compile_stats_s=t_compile_stats,
         stats_ms=[1e3 * t for t in t_st],
         rss_base_mb=rss0,
-        rss_peak_mb=_rss_mb("VmHWM"),
+        rss_peak_mb=rss_mb("VmHWM"),
         loss=float(s.loss),
         loss_se=float(s.loss_se),
     )

@@ -54,19 +54,13 @@ import tempfile
 import time
 
 
+from _bench import median_s, rss_mb
+
 # The shortened run (see the module docstring): Stage I for one time unit
 # (about a fifth of the way to its event at the default), Stages II and III
 # for a token 1e-3, saving at τ = 0.1, 0.32, 1 (and 1e-3 in II and III).
 SHORT_DURATIONS = (1.0, 1e-3, 1e-3)
 SHORT_SOLVER = {"tau_min": 0.1, "save_per_decade": 2}
-
-
-def _rss_mb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def child(job: dict) -> dict:
@@ -81,7 +75,7 @@ def child(job: dict) -> dict:
     from gflow.model import Params
 
     jax.block_until_ready(jnp.ones(3) + 1)
-    rss0 = _rss_mb("VmRSS")
+    rss0 = rss_mb("VmRSS")
     N = int(job["N"])
     cfg = gflow.Config().replace(estimator={"N": N, "chunk": int(job["chunk"]), "shard": bool(job["shard"])})
     if job["short"]:
@@ -90,20 +84,14 @@ def child(job: dict) -> dict:
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     jax.block_until_ready(loss)
     t_sample = time.perf_counter() - t0
-    rss_sample = _rss_mb("VmRSS")
+    rss_sample = rss_mb("VmRSS")
 
     t1 = time.perf_counter()
     traj = gflow.integrate(cfg, loss=loss, out=job.get("out"), overwrite=True)
     t_run = time.perf_counter() - t1
 
     def timed(fn, *a):
-        jax.block_until_ready(fn(*a))  # compile
-        reps = []
-        for _ in range(3):
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*a))
-            reps.append(time.perf_counter() - t)
-        return float(np.median(reps))
+        return median_s(lambda: fn(*a), 3)
 
     # The vector fields alone, after compilation. Each stage's field is the
     # gradient of the loss in the moving block only, with what depends on the
@@ -147,7 +135,7 @@ def child(job: dict) -> dict:
                   "c_frac_max": float(traj.c_frac[-1].max())},  # fmt: skip
         "rss_baseline_mb": rss0,
         "rss_after_sample_mb": rss_sample,
-        "vm_hwm_mb": _rss_mb("VmHWM"),
+        "vm_hwm_mb": rss_mb("VmHWM"),
         "status": traj.status,
     }
 
