@@ -163,20 +163,28 @@ class Row:
     passed: bool | None
 
 
-def _jsonable(x):
+def _jsonable(x, *, inf_as_str: bool = True):
+    """Plain JSON values: numpy scalars and arrays to Python ones, paths to
+    strings, NaN to ``None``, ±∞ to ``"inf"``/``"-inf"`` (or ``None`` with
+    ``inf_as_str=False``)."""
+    rec = lambda v: _jsonable(v, inf_as_str=inf_as_str)  # noqa: E731
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, (int, np.integer)):
         return int(x)
     if isinstance(x, (float, np.floating)):
         x = float(x)
-        return x if math.isfinite(x) else (None if math.isnan(x) else ("inf" if x > 0 else "-inf"))
+        if math.isfinite(x):
+            return x
+        return None if math.isnan(x) or not inf_as_str else ("inf" if x > 0 else "-inf")
     if isinstance(x, np.ndarray):
-        return [_jsonable(v) for v in x.tolist()]
+        return [rec(v) for v in x.tolist()]
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [rec(v) for v in x]
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): rec(v) for k, v in x.items()}
+    if isinstance(x, Path):
+        return str(x)
     return x
 
 

@@ -108,6 +108,7 @@ from typing import Any
 
 import numpy as np
 
+from .checks import _jsonable as _checks_jsonable
 from .config import Config
 from .model import subset_label
 from .trajectory import Trajectory, load
@@ -667,22 +668,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if isinstance(x, Path):
-        return str(x)
-    return x
+    # replicates.json writes every non-finite number as null
+    return _checks_jsonable(x, inf_as_str=False)
 
 
 # ---------------------------------------------------------------------------
