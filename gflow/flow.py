@@ -431,6 +431,25 @@ def _append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index:
     )  # fmt: skip
 
 
+def _kept_rows(ts, ys: dict, t: float, y_np: dict, moves: tuple[str, ...]) -> tuple[np.ndarray, dict, bool]:
+    """The rows of one solve's saved output worth keeping: after ``t``, without
+    padding, duplicates or unfilled (infinite) times; with the frozen blocks
+    ``y_np`` filled in. Returns the kept times, the full states
+    ``{"w", "C", "a"}`` and whether they are all finite."""
+    ts = np.asarray(ts)
+    nxt = np.concatenate([ts[1:], [np.inf]])
+    keep = np.flatnonzero(np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts)))
+    full = {b: (np.asarray(ys[b]) if b in moves else np.broadcast_to(y_np[b], (len(ts),) + np.shape(y_np[b])))[keep]
+            for b in ("w", "C", "a")}  # fmt: skip
+    return ts[keep], full, all(np.all(np.isfinite(v)) for v in full.values())
+
+
+def _failure(result, ok: bool, sc, name: str) -> str:
+    """Why a stage's solve failed (``ok``: the solver itself succeeded, so the state went non-finite)."""
+    why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
+    return f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
+
+
 @eqx.filter_jit
 def _stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
     """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
@@ -494,24 +513,15 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
         ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
         rec.steps += int(stats["num_accepted_steps"])
         rec.rejected += int(stats["num_rejected_steps"])
-        ts = np.asarray(ts)
-        nxt = np.concatenate([ts[1:], [np.inf]])
-        keep = np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts))  # drop padding, duplicates, unfilled
-        rows = np.flatnonzero(keep)
-        full = {b: (np.asarray(ys[b]) if b in moves else np.broadcast_to(y_np[b], (len(ts),) + y_np[b].shape))
-                for b in ("w", "C", "a")}  # fmt: skip
-        full = {b: v[rows] for b, v in full.items()}
-        finite = all(np.all(np.isfinite(v)) for v in full.values())
-        if finite and len(rows):
-            _append(traj, loss, ts[rows], full, stage_index=idx)
+        ts_kept, full, finite = _kept_rows(ts, ys, t, y_np, moves)
+        if finite and len(ts_kept):
+            _append(traj, loss, ts_kept, full, stage_index=idx)
         ok = result == diffrax.RESULTS.successful or result == diffrax.RESULTS.event_occurred
         if not ok or not finite:
-            why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
-            fail(f"{why} (solver {cfg.solver.method_for(name)}, rtol={cfg.solver.rtol}, atol={cfg.solver.atol}, "
-                 f"max_steps={cfg.solver.max_steps} per segment)", float(traj.ts[-1]))  # fmt: skip
-        if len(rows):
+            fail(_failure(result, ok, cfg.solver, name), float(traj.ts[-1]))
+        if len(ts_kept):
             y_np = {b: v[-1] for b, v in full.items()}
-            t = float(ts[rows[-1]])
+            t = float(ts_kept[-1])
         rec.t1 = t
         rec.nfev = nfev_before + counter[0]
         rec.wall = wall_before + time.perf_counter() - t_stage

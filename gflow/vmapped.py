@@ -65,6 +65,8 @@ from .config import Config
 from .flow import (
     _NFEV,
     _append_rows,
+    _failure,
+    _kept_rows,
     _STAGES,
     FlowError,
     _check_params,
@@ -446,29 +448,19 @@ def _solves(runs: _Runs, recs, loss_b, vf, members, active, going, segs, event_s
             rec, t, y_np = recs[r], runs.t[r], runs.y[r]
             rec.steps += int(stats_b["num_accepted_steps"][k])
             rec.rejected += int(stats_b["num_rejected_steps"][k])
-            ts = np.asarray(ts_b[k])
-            nxt = np.concatenate([ts[1:], [np.inf]])
-            # drop padding, duplicates, unfilled
-            keep = np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts))
-            sel = np.flatnonzero(keep)
-            full = {b: np.asarray(ys_b[b][k]) if b in moves else np.broadcast_to(v, (len(ts),) + v.shape)
-                    for b, v in y_np.items()}  # fmt: skip
-            full = {b: v[sel] for b, v in full.items()}
-            finite = all(np.all(np.isfinite(v)) for v in full.values())
-            if finite and len(sel):
-                rows[r] = (ts[sel], full)
+            ts_kept, full, finite = _kept_rows(ts_b[k], {b: ys_b[b][k] for b in moves}, t, y_np, moves)
+            if finite and len(ts_kept):
+                rows[r] = (ts_kept, full)
             # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
             res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
-            outcome[r] = (res, finite, ts[sel], full)
+            outcome[r] = (res, finite, ts_kept, full)
         _append_batch(runs.trajs, loss_b, members, rows, stage_index=idx)
 
         for r, (res, finite, ts_kept, full) in outcome.items():
             rec, tr, out = recs[r], runs.trajs[r], runs.outs[r]
             ok = bool(res == diffrax.RESULTS.successful) or bool(res == diffrax.RESULTS.event_occurred)
             if not ok or not finite:
-                why = diffrax.RESULTS[res] if not ok else "the state became non-finite"
-                runs.fail(r, rec, f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, "
-                          f"max_steps={sc.max_steps} per segment)", float(tr.ts[-1]), t_stage)  # fmt: skip
+                runs.fail(r, rec, _failure(res, ok, sc, name), float(tr.ts[-1]), t_stage)
                 going.remove(r)
                 continue
             if len(ts_kept):
