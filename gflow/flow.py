@@ -165,7 +165,9 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
 
 def _fresh_carry(dtype):
     """The controller carry of a stage's first solve: no previous step."""
-    one = jnp.asarray(1.0, dtype)
+    # float64 whatever the state's dtype: diffrax's PID step leaves its state in the (float64) time
+    # dtype, and the loop carry must keep its dtypes (a float32 state crashed here)
+    one = jnp.asarray(1.0, jnp.float64)
     return ((one, one, jnp.asarray(False)), jnp.asarray(0.0, jnp.float64))
 
 
@@ -193,7 +195,9 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         dt0 = jax.lax.cond(
             dt_prev > 0,
             lambda: dt_prev,
-            lambda: controller.init(term, t0, t1, y0, None, None, solver.func, solver.error_order(term))[1][1],
+            # y0 in the time dtype: diffrax's initial-step heuristic mixes y's and t's dtypes (float32 state)
+            lambda: controller.init(term, t0, t1, jax.tree.map(lambda x: x.astype(t0.dtype), y0), None, None,
+                                    solver.func, solver.error_order(term))[1][1],  # fmt: skip
         )
         dt0 = jnp.minimum(dt0, t1 - t0)
         controller_state = (pid_state, dt0)
