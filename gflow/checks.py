@@ -1032,6 +1032,8 @@ def check(
     _stage1_rows(ctx, claimed_S_star)
     _stage2_rows(ctx)
     _stage3_rows(ctx)
+    bad = traj.nonfinite  # exact: a NaN or an infinity anywhere in the saved run fails the verdict
+    ctx.add("trajectory finite", "every saved value finite", ", ".join(bad) or "all finite", "exact", not bad)
     ctx.notes.extend(f"theory: {n}" for n in theory.get("notes", []))
     if cfg.model.norm != "sum":
         ctx.notes.append("norm='layer': the contrast λ is the norm='sum' one, an approximation here")
