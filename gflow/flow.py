@@ -392,6 +392,7 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
 
     if resume:
         traj.config = cfg
+        traj.status = "running"  # was "interrupted", "failed: …" or "complete"
         y = _params_from(traj, -1, dtype)
         t = float(traj.ts[-1])
         wall0 = traj.wall
