@@ -147,11 +147,11 @@ def test_reader_never_sees_a_mixed_snapshot(tmp_path):
 
 def test_lock_refuses_a_second_writer_at_once(tmp_path, capsys, no_compute):
     d = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-         f"from gflow.trajectory import lock\nwith lock({str(d)!r}):\n    print('held', flush=True); time.sleep(60)"],
-        env=ENV, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    script = (
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
+        f"from gflow.trajectory import lock\nwith lock({str(d)!r}):\n    print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.perf_counter()
@@ -159,10 +159,8 @@ def test_lock_refuses_a_second_writer_at_once(tmp_path, capsys, no_compute):
         err = capsys.readouterr().err
         assert rc == 2 and time.perf_counter() - t0 < 10
         assert f"gflow run: error: {str(d)!r}: is locked by another gflow process (pid {holder.pid})" in err
-        with pytest.raises(RunFolderError, match="is locked by another gflow process"):
-            with lock(d):
-                pass
-        # re-entrant within the holder's own process is covered by `gflow run` (run, check, plot)
+        with pytest.raises(RunFolderError, match="is locked by another gflow process"), lock(d):
+            pass
     finally:
         holder.kill()
         holder.wait()
@@ -264,9 +262,8 @@ def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch)
         assert not (d / "report.json").exists() and not (d / "figures").exists()
 
 
-def test_nan_trajectory_fails_check_and_run(small_run, tmp_path, capsys):
-    """NaN in `a` of a saved run: `gflow check` exits 1 with the 'trajectory finite' row failing;
-    `gflow run --resume` of it (nothing left to integrate) exits 1 too."""
+def test_nan_trajectory_fails_check(small_run, tmp_path, capsys):
+    """NaN in `a` of a saved run: `gflow check` exits 1 with the 'trajectory finite' row failing."""
     _, src = small_run
     d = tmp_path / "nan"
     shutil.copytree(src, d)
@@ -280,9 +277,44 @@ def test_nan_trajectory_fails_check_and_run(small_run, tmp_path, capsys):
     row = next(line for line in out.splitlines() if line.startswith("trajectory finite"))
     assert row.split()[-1] == "FAIL" and " a " in row
     assert json.loads((d / "report.json").read_text())["passed"] is False
+
+
+@pytest.mark.slow
+def test_nan_trajectory_fails_run(small_run, tmp_path, capsys):
+    """`gflow run --resume` of a complete run with a NaN (nothing left to integrate; the report
+    fails): exit 1."""
+    _, src = small_run
+    d = tmp_path / "nan"
+    shutil.copytree(src, d)
+    tr = load(d)
+    tr.a[len(tr.a) // 2] = np.nan
+    save(tr, d)
     cfg = _toml(tmp_path / "small.toml", tr.config)
     assert gflow.cli.main(["run", str(cfg), "--out", str(d), "--resume", "--no-plot", "--quiet"]) == 1
     assert "the check report's verdict fails" in capsys.readouterr().err
+
+
+def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
+    """`gflow run`: exit 1 when the check report's verdict fails, 0 when it passes (integration and
+    checks replaced by a saved synthetic run and a one-row report)."""
+    import gflow.checks
+    from gflow.checks import Report, Row
+
+    d = tmp_path / "run"
+
+    def fake_integrate(cfg, *, out, **kw):
+        tr = _synthetic(_tiny_cfg())
+        tr.status = "complete"
+        save(tr, out)
+        return tr
+
+    monkeypatch.setattr(gflow.flow, "integrate", fake_integrate)
+    for passed, code in ((False, 1), (True, 0)):
+        rep = Report(rows=[Row("trajectory finite", "every saved value finite", "a", "exact", passed)])
+        monkeypatch.setattr(gflow.checks, "check_run", lambda out, rep=rep: rep)
+        assert gflow.cli.main(["run", "--out", str(d), "--overwrite", "--no-plot", "--quiet"]) == code
+        err = capsys.readouterr().err
+        assert ("the check report's verdict fails" in err) == (not passed)
 
 
 # ---------------------------------------------------------------------------
