@@ -12,8 +12,11 @@ table per section::
     kind = "staged"
     durations = [1e3, 1e9, 1e5]
 
-Unknown sections or keys, and bad values, raise ``ValueError`` naming the
-key (``data.L``), before anything is computed.
+Unknown sections or keys, values of the wrong type (every key has one
+declared type, :data:`_KEY_TYPES`: a bool is not an integer, a float is never
+truncated, NaN and infinities are refused) and values out of range raise
+``ValueError`` naming the key (``data.L``), the value given and what was
+expected, before anything is computed.
 """
 
 from __future__ import annotations
