@@ -358,6 +358,8 @@ def lock(out: str | Path):
     f.truncate()
     f.write(str(os.getpid()))
     f.flush()
+    for stale in [*out.glob(".trajectory.*.tmp.npz"), *out.glob(".run.*.tmp.json")]:
+        stale.unlink(missing_ok=True)  # left by a writer killed mid-save (no writer is alive now)
     _HELD[key] = [f, 1]
     try:
         yield out

@@ -113,6 +113,9 @@ def test_killed_between_the_renames_keeps_true_step_counts(tmp_path, monkeypatch
     back = load(tmp_path)
     assert back.generation == 2 and len(back.ts) == 6
     assert (back.stages[0].steps, back.stages[0].nfev) == (45, 276)
+    assert len(list(tmp_path.glob(".run.*.tmp.json"))) == 1  # the dead writer's temporary file
+    with lock(tmp_path):  # the next writer removes it
+        assert list(tmp_path.glob(".*.tmp.*")) == []
 
 
 def _writer_script(d: Path, n: int) -> str:
