@@ -162,7 +162,7 @@ class Trajectory:
 
     # -- building ------------------------------------------------------------
     @classmethod
-    def empty(cls, config: Config, H: int, M: int, nS: int) -> "Trajectory":
+    def empty(cls, config: Config, H: int, M: int, nS: int) -> Trajectory:
         z = {
             "ts": (0,), "stage": (0,), "w": (0, H, M), "C": (0, nS), "a": (0,), "loss": (0,),
             "loss_se": (0,), "unseen": (0,), "grad_w": (0, H, M), "grad_C": (0, nS), "grad_a": (0,),
