@@ -396,7 +396,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
                 if r in going:
                     # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
                     res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
-                    st = {key: v[k] for key, v in stats_b.items()}
+                    st = {key: np.asarray(v)[k] if np.ndim(v) else v for key, v in stats_b.items()}  # max_steps: shared
                     row, outcome[r] = stage[r].take(ts_b[k], {b: ys_b[b][k] for b in moves}, res, st)
                     if row is not None:
                         rows[r] = row
