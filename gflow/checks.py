@@ -167,7 +167,7 @@ def _jsonable(x, *, inf_as_str: bool = True):
     """Plain JSON values: numpy scalars and arrays to Python ones, paths to
     strings, NaN to ``None``, ±∞ to ``"inf"``/``"-inf"`` (or ``None`` with
     ``inf_as_str=False``)."""
-    rec = lambda v: _jsonable(v, inf_as_str=inf_as_str)  # noqa: E731
+    rec = lambda v: _jsonable(v, inf_as_str=inf_as_str)
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, (int, np.integer)):
@@ -421,7 +421,7 @@ def contrast(s, c_frac, S, sets) -> float:
 @eqx.filter_jit
 def _model_force_per_seq(loss: PopulationLoss, w, C, a):
     """``−∂ℓ_n/∂a`` for every sequence at θ = (w, C, a)."""
-    f = lambda aa: loss.per_sequence(Params(w=w, C=C, a=aa))  # noqa: E731
+    f = lambda aa: loss.per_sequence(Params(w=w, C=C, a=aa))
     return -jax.jvp(f, (a,), (jnp.ones_like(a),))[1]
 
 

@@ -45,10 +45,11 @@ from .model import (
 )
 
 __all__ = [
-    "ChiSquaredRanking",
     "GIH",
-    "StageIRates",
+    "ChiSquaredRanking",
+    "Stage1Duration",
     "StageIIILaw",
+    "StageIRates",
     "chi2_mi",
     "dlogc_dt",
     "first_order_slope",
@@ -58,6 +59,7 @@ __all__ = [
     "log_ratio_slope",
     "make_gih",
     "modified_chi2_ranking",
+    "predicted_stage1_duration",
     "stage1_rates",
     "stage3_law",
     "theory_report",
@@ -274,7 +276,7 @@ def _per_sequence_dloss_da(loss: PopulationLoss, w, Cs):
     zero = jnp.zeros((), w.dtype)
 
     def one(C):
-        f = lambda a: loss.per_sequence(Params(w=w, C=C, a=a))  # noqa: E731
+        f = lambda a: loss.per_sequence(Params(w=w, C=C, a=a))
         return jax.jvp(f, (zero,), (jnp.ones_like(zero),))
 
     # one set at a time: memory stays that of one loss evaluation
@@ -350,6 +352,128 @@ def log_ratio_slope(J, i: int, j: int, C, a, *, rate: float = 1.0) -> float:
     return 4.0 * float(a) * float(rate) * float(J[i] - J[j]) / float(np.sum(C**2))
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage1Duration:
+    """The linearised Stage I's predicted duration (README §M8.1).
+
+    - `t`: the first time at which ``max_S c_S/Σc`` reaches ``1 − δ``
+      (``math.inf`` if it never does; ``0.0`` if it starts there).
+    - `S`: the set that crosses (``None`` if none does), `index` its position
+      in 𝒮 (``-1`` if none).
+    - `rate`: ``k = 4 a₀ η_C/‖C‖²``, so ``log c_S(t) = log c_S(0) + k J(S) t`` up to a
+      common normalisation.
+    """
+
+    t: float
+    S: tuple[int, ...] | None
+    index: int
+    rate: float
+
+
+def _first_sublevel_time(x0: np.ndarray, v: np.ndarray, i: int, level: float) -> float:
+    """First ``t ≥ 0`` with ``h(t) := logsumexp_{j≠i}(x0_j − x0_i + (v_j − v_i) t) ≤ level``
+    (``math.inf`` if none). ``h`` is convex (a log-sum-exp of affine functions),
+    so ``{h ≤ level}`` is an interval: bracket it by doubling, then bisect."""
+    others = np.arange(x0.size) != i
+    b = x0[others] - x0[i]
+    m = v[others] - v[i]
+
+    def h(t):
+        z = b + m * t
+        zm = z.max()
+        return float(zm + np.log(np.sum(np.exp(z - zm))))
+
+    def dh(t):
+        z = b + m * t
+        w = np.exp(z - z.max())
+        return float(np.dot(w, m) / w.sum())
+
+    if h(0.0) <= level:
+        return 0.0
+    if dh(0.0) >= 0.0:
+        return math.inf  # convex and non-decreasing from t = 0: never lower than h(0)
+    T_prev, T = 0.0, 1.0 / max(float(np.max(np.abs(m))), 1e-300)
+    hi = None
+    for _ in range(2100):
+        if not math.isfinite(T):
+            return math.inf
+        if h(T) <= level:
+            hi = T
+            break
+        if dh(T) >= 0.0:
+            # past the minimum of h: locate it in [T_prev, T] (dh is increasing)
+            a_, b_ = T_prev, T
+            for _ in range(200):
+                mid = 0.5 * (a_ + b_)
+                if dh(mid) >= 0.0:
+                    b_ = mid
+                else:
+                    a_ = mid
+            if h(b_) > level:
+                return math.inf  # the minimum of h is above the level
+            hi = b_
+            break
+        T_prev, T = T, 2.0 * T
+    if hi is None:
+        return math.inf
+    lo = 0.0
+    for _ in range(200):  # h > level on [0, lo], h ≤ level at hi
+        mid = 0.5 * (lo + hi)
+        if h(mid) <= level:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    return hi
+
+
+def predicted_stage1_duration(J, c0, a0: float, delta: float, *, eta_C: float = 1.0, sets=None) -> Stage1Duration:
+    """The time at which the linearised Stage I reaches its event (README §M8.1;
+    gflow's own finite-size law, an extension of the paper's Stage I analysis).
+
+    With ``w`` and ``a = a₀`` frozen and ``L̂ ≈ L₀ − a Σ_S (c_S/Σc) J(S)``
+    (exact to first order in ``a`` for ``norm="sum"``), ``‖C‖`` is conserved and
+    ``d/dt log(c_S/c_S') = 4 a₀ η_C (J(S) − J(S'))/‖C‖²`` is constant, so
+
+        c(t)/Σc = softmax_S(log c_S(0) + 4 a₀ η_C J(S) t/‖C‖²),   ‖C‖² = Σ_S c_S(0).
+
+    Returns the first ``t ≥ 0`` at which ``max_S c_S/Σc ≥ 1 − δ`` and the set
+    that gets there. For each ``S``, ``c_S/Σc ≥ 1 − δ`` iff
+    ``log Σ_{S'≠S} c_S'/c_S ≤ log(δ/(1 − δ))``, a convex function of ``t``
+    whose sublevel set is an interval; its first point is found by bisection
+    (to relative ``1e-15``), and the earliest over ``S`` is returned. The set
+    that crosses first need not be ``argmax J`` (a set with a large
+    ``c_S(0)`` can cross transiently); ``math.inf`` when no set ever crosses
+    (e.g. a tie for the top ``J``).
+
+    **Arguments:** `J` the Stage I rates ``J(S)`` in 𝒮 order; `c0` the initial
+    ``c_S = C_S²`` (all > 0); `a0`; `delta` in ``(0, 1)``; `eta_C` the selector's
+    time scale; `sets` (optional) 𝒮, to name the crossing set.
+    """
+    J = np.asarray(J, np.float64).ravel()
+    c0 = np.asarray(c0, np.float64).ravel()
+    if J.shape != c0.shape or J.size == 0:
+        raise ValueError(f"predicted_stage1_duration: J {J.shape} and c0 {c0.shape} must be equal non-empty vectors")
+    if not np.all(np.isfinite(J)):
+        raise ValueError(f"predicted_stage1_duration: J must be finite, got {J.tolist()}")
+    if not np.all(c0 > 0) or not np.all(np.isfinite(c0)):
+        raise ValueError(f"predicted_stage1_duration: c0 must be finite and > 0, got {c0.tolist()}")
+    if not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"predicted_stage1_duration: delta must lie in (0, 1), got {delta!r}")
+    k = 4.0 * float(a0) * float(eta_C) / float(c0.sum())
+    names = None if sets is None else _as_sets(sets)
+    if J.size == 1:
+        return Stage1Duration(0.0, None if names is None else names[0], 0, k)
+    level = math.log(float(delta) / (1.0 - float(delta)))
+    x0, v = np.log(c0), k * J
+    times = [_first_sublevel_time(x0, v, i, level) for i in range(J.size)]
+    i = int(np.argmin(times))
+    if not math.isfinite(times[i]):
+        return Stage1Duration(math.inf, None, -1, k)
+    return Stage1Duration(float(times[i]), None if names is None else names[i], i, k)
+
+
 # ---------------------------------------------------------------------------
 # §6.4  Stage III: the generalized induction head
 # ---------------------------------------------------------------------------
@@ -415,7 +539,7 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
     if isinstance(source, CountFeatures):
         d, K = source.counts.shape[1:]
         if M is None:
-            M = int(round(math.log(K) / math.log(d + 1)))
+            M = round(math.log(K) / math.log(d + 1))
         if window_code_count(d, M) != K:
             raise ValueError(f"gih_counts: counts have {K} windows, not (d+1)**M with d={d}, M={M}")
         _check_S(S, M)
@@ -667,8 +791,8 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
     ea = np.exp(a)
     Fexp, Fexp_se = F * ea, Fse * ea
 
-    fF = lambda x: float(_force_mean(gih, jnp.asarray(x, jnp.float64)))  # noqa: E731
-    fFe = lambda x: fF(x) * math.exp(x)  # noqa: E731
+    fF = lambda x: float(_force_mean(gih, jnp.asarray(x, jnp.float64)))
+    fFe = lambda x: fF(x) * math.exp(x)
 
     # C* = max F e^a
     i = int(np.argmax(Fexp))
@@ -681,7 +805,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
 
     # validity window {F e^a >= C*/2}
     half = 0.5 * C_star
-    g = lambda x: fFe(x) - half  # noqa: E731
+    g = lambda x: fFe(x) - half
     inside = Fexp >= half
     intervals = []
     j = 0
@@ -791,10 +915,10 @@ def _fl(xs):
 
 
 def theory_report(
-    data_cfg: DataConfig = DataConfig(),
-    model_cfg: ModelConfig = ModelConfig(),
-    estimator_cfg: EstimatorConfig = EstimatorConfig(),
-    init_cfg: InitConfig = InitConfig(),
+    data_cfg: DataConfig | None = None,
+    model_cfg: ModelConfig | None = None,
+    estimator_cfg: EstimatorConfig | None = None,
+    init_cfg: InitConfig | None = None,
     *,
     n_pi: int = 2000,
     pi_seed: int = 0,
@@ -823,6 +947,10 @@ def theory_report(
     unless named ``ranking``.
     """
     t0 = time.perf_counter()
+    data_cfg = DataConfig() if data_cfg is None else data_cfg
+    model_cfg = ModelConfig() if model_cfg is None else model_cfg
+    estimator_cfg = EstimatorConfig() if estimator_cfg is None else estimator_cfg
+    init_cfg = InitConfig() if init_cfg is None else init_cfg
     sets = model_cfg.subsets
     rank = modified_chi2_ranking(data_cfg, sets, n_pi=n_pi, key=jax.random.key(pi_seed))
     t1 = time.perf_counter()
