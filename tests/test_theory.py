@@ -12,11 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gflow.config import Config
 from gflow.data import DataConfig, sample
 from gflow.loss import EstimatorConfig, make_loss
 from gflow.model import InitConfig, ModelConfig, Params, features, init_params
 from gflow.theory import (
+    LAW_COVERAGE,
+    Theory,
     chi2_mi,
+    covers,
     dlogc_dt,
     first_order_slope,
     format_theory,
@@ -367,23 +371,66 @@ def test_stage3_without_a_finite_zero():
 
 def test_theory_report_is_json_and_consistent(loss_d3):
     data, model, est = _d3_configs()
-    rep = theory_report(data, model, est, InitConfig(), n_pi=200, n_grid=121, loss=loss_d3)
+    th = theory_report(data, model, est, InitConfig(), n_pi=200, n_grid=121, loss=loss_d3, S=(3,))
+    rep = th.to_json()
     back = json.loads(json.dumps(rep, allow_nan=False))
     mi, s1, s3 = back["mi"], back["stage1"], back["stage3"]
-    assert mi["S_star"] in back["sets"] and s3["S"] == mi["S_star"]
+    assert mi["S_star"] in back["sets"] and s3["S"] == mi["S_star"] == list(th.S_star)
     Its = [row["Itilde"] for row in mi["ranking"]]
     assert Its == sorted(Its, reverse=True) and max(mi["Itilde"]) == Its[0]
     assert len(s1["J"]) == len(model.subsets) == len(mi["Itilde"]) == len(s1["dlogc_dt_J"])
     # the reported Stage I rates are those of the run's initial w on its sample
     rates = stage1_rates(loss_d3, init_params(model, InitConfig()).w)
     np.testing.assert_allclose(s1["J"], rates.J, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(th.rates.J, rates.J, rtol=1e-12, atol=1e-15)
     # at init c is uniform, so the predicted d/dt log c_S average to zero
     assert abs(np.mean(s1["dlogc_dt_J"])) < 1e-9 * np.abs(s1["dlogc_dt_J"]).max()
-    law = stage3_law(make_gih(loss_d3, tuple(mi["S_star"])), n_grid=121)
-    assert s3["C_star"] == pytest.approx(law.C_star) and s3["a_star"] == pytest.approx(law.a_star)
-    text = format_theory(rep)
-    for needle in ("S* = argmax Ĩ", "C* = max F·e^a", "a* (F = 0)", "inf_a L_GIH", mi["S_star_label"]):
+    # the GIH law of S*, of argmax J and of the asked set, each that set's own
+    assert set(th.laws) == {th.S_star, th.argmax_J, (3,)}
+    for S in th.laws:
+        law = stage3_law(make_gih(loss_d3, S), n_grid=121)
+        assert th.law(S).C_star == pytest.approx(law.C_star, rel=1e-12)
+        assert th.law(S).limit_loss == pytest.approx(law.limit_loss, rel=1e-12)
+    assert th.law((3,)).C_star != pytest.approx(th.stage3.C_star, rel=1e-3)
+    with pytest.raises(KeyError, match=r"no GIH law for \{2\}"):
+        th.law((2,))
+    # the predicted Stage I duration from the theory's own J and c(0)
+    du = predicted_stage1_duration(th.rates.J, th.C0**2, th.a0, th.delta, eta_C=th.eta_C)
+    assert th.duration.t == du.t and th.duration.S == th.argmax_J
+    # to_json / from_json round trip: the same numbers, the same JSON
+    again = Theory.from_json(back)
+    assert json.dumps(again.to_json(), sort_keys=True) == json.dumps(rep, sort_keys=True)
+    np.testing.assert_array_equal(again.law((3,)).F, th.law((3,)).F)
+    assert again.duration == th.duration and again.S_star == th.S_star
+    with pytest.raises(ValueError, match="not a gflow theory"):
+        Theory.from_json({"sets": []})
+    text = format_theory(th)
+    for needle in ("S* = argmax Ĩ", "C* = max F·e^a", "a* (F = 0)", "inf_a L_GIH", mi["S_star_label"],
+                   "linearised Stage I", "GIH on S = {3}"):  # fmt: skip
         assert needle in text
+    assert format_theory(back) == text
+
+
+def test_coverage_reads_options_that_may_not_exist_yet():
+    cfg = Config()
+    for law in LAW_COVERAGE:
+        assert covers(LAW_COVERAGE[law], cfg) == (True, "")
+    ok, why = covers(LAW_COVERAGE["stage1"], cfg.replace(model={"norm": "layer"}))
+    assert not ok and "model.norm = 'layer'" in why and "('sum',)" in why
+    ok, why = covers(LAW_COVERAGE["gih_limit"], cfg.replace(estimator={"loss": "ce_on_probs"}))
+    assert not ok and "estimator.loss = 'ce_on_probs'" in why
+    assert covers(LAW_COVERAGE["gih"], cfg.replace(estimator={"loss": "ce_on_probs"}))[0]
+
+    class Sec:  # a section with an option this gflow does not have yet
+        head_norm = True
+
+    class Cfg:
+        model = Sec()
+        estimator = None
+
+    ok, why = covers({"model.head_norm": (False,), "estimator.target": ("expected",)}, Cfg())
+    assert not ok and "model.head_norm = True" in why
+    assert covers({"model.windows": ("aligned",), "estimator.target": ("expected",)}, Cfg()) == (True, "")
 
 
 def test_errors_name_the_offending_value(loss_d3):
