@@ -26,6 +26,7 @@ deterministic in its key/seed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -597,6 +598,7 @@ def load_or_compute(
     if theory is None:
         theory = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=n_pi, pi_seed=pi_seed,
                                loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
+        theory = dataclasses.replace(theory, config=key)  # the one identity rule: the run's key
     sel = selected_set(traj)
     if sel is not None and sel not in theory.laws:
         theory = theory.with_law(loss, sel)
