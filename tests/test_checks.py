@@ -298,3 +298,64 @@ def test_check_run_on_empty_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no gflow run"):
         check_run(tmp_path)
     assert not (tmp_path / "report.json").exists()
+
+
+# ---------------------------------------------------------------------------
+# Mutations of the trajectory, another parent structure, disagreeing rankings
+# (each integrates or checks a flow: slow)
+# ---------------------------------------------------------------------------
+
+
+def _mutated(traj, *, stage1_time=1.0, a_shift=0.0, nan_loss=False):
+    """A copy of `traj` with Stage I's clock stretched by `stage1_time` (the later
+    stages shifted to follow), Stage III's a shifted by `a_shift`, and a NaN loss."""
+    import copy
+    import dataclasses
+
+    tr = copy.deepcopy(traj)
+    t1 = traj.stages[0].t1
+    tr.ts = np.where(traj.stage == 1, stage1_time * traj.ts, traj.ts + (stage1_time - 1.0) * t1)
+    for rec in tr.stages:
+        if rec.name == "I":
+            rec.t1 = stage1_time * rec.t1
+        else:
+            rec.t0, rec.t1 = rec.t0 + (stage1_time - 1.0) * t1, rec.t1 + (stage1_time - 1.0) * t1
+    tr.a = np.where(traj.stage == 3, traj.a + a_shift, traj.a)
+    if nan_loss:
+        tr.loss = traj.loss.copy()
+        tr.loss[np.flatnonzero(traj.stage == 2)[0]] = np.nan
+    return dataclasses.replace(tr)
+
+
+@pytest.mark.slow
+def test_mutated_trajectory_fails_its_rows(checked_run):
+    """End to end: Stage I's clock × 1.5 fails the J slopes and the duration;
+    a + 1 in Stage III fails a at the end; a NaN fails the finite row; the gflow
+    verdict fails, the paper's winner row still passes."""
+    out, traj, loss, _ = checked_run
+    theory = json.loads((out / "theory.json").read_text())
+    rep = check(_mutated(traj, stage1_time=1.5, a_shift=1.0, nan_loss=True), theory=theory, loss=loss)
+    failed = {r.name for r in rep.failed}
+    for prefix in ("trajectory finite", "I: slope of log(c_{1,2}/c_", "I: slopes of log", "I: Stage I duration",
+                   "III: a at end vs a*"):  # fmt: skip
+        assert any(n.startswith(prefix) for n in failed), (prefix, failed)
+    assert rep.verdict["gflow"] == "fail" and not rep.passed
+    assert rep.row("I: winner argmax c/Σc = S* (argmax Ĩ) at end of Stage I").passed is True
+
+
+@pytest.mark.slow
+def test_another_parent_structure(tmp_path, small_config):
+    """parents (2,) (the next token depends on x_{l-2} only), test size: the gflow
+    verdict passes, the Stage I duration is decided and within its tolerance,
+    and every decided row fails its bounded perturbation."""
+    cfg = small_config.replace(data={"parents": [2]})
+    gflow.integrate(cfg, out=tmp_path)
+    rep = check_run(tmp_path, n_pi=N_PI)
+    assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
+    assert rep.selected == rep.argmax_J
+    (dur,) = _decided(rep, "I: Stage I duration")
+    assert dur.passed is True and abs(dur.measured - dur.predicted) <= dur.rule[2] < 0.05 * dur.predicted
+    decided = [r for r in rep.rows if r.passed is not None]
+    assert len(decided) >= 12
+    for r in decided:
+        assert r.decide(r.wrong) is False, (r.name, r.measured, r.wrong, r.tolerance)
