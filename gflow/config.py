@@ -194,7 +194,7 @@ class Config(eqx.Module):
                 f"(c_S = c0² and Σc must be normal finite numbers), got {self.init.c0!r}"
             )
 
-    def replace(self, **sections) -> "Config":
+    def replace(self, **sections) -> Config:
         """A copy with some fields changed: ``cfg.replace(data={"L": 40})``."""
         d = self.to_dict()
         for sec, vals in sections.items():

@@ -22,8 +22,8 @@ be resumed.
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import diffrax
@@ -78,13 +78,25 @@ def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
     return {b: jnp.asarray(eta[b], dtype) for b in moves}
 
 
-_NFEV = [0]
+# Vector-field evaluations, counted on the host, one counter per stage run: the field
+# carries its run's tag (an array leaf, so tags do not recompile the solve) and a debug
+# callback adds one to that tag's count per evaluation. Under vmap the callback is called
+# once per replicate with its own tag, so each replicate of a batch counts the evaluations
+# of the batched field.
+_COUNTS: dict[int, int] = {}
+_TAGS = itertools.count()
 
 
-def _count_evaluation():
-    # a fixed module-level callback: a fresh closure per stage would be a new
-    # static field and force a recompilation of the solve
-    _NFEV[0] += 1
+def _new_tag() -> int:
+    tag = next(_TAGS)
+    _COUNTS[tag] = 0
+    return tag
+
+
+def _tick(tag) -> None:
+    t = int(tag)
+    if t in _COUNTS:
+        _COUNTS[t] += 1
 
 
 class _VectorField(eqx.Module):
@@ -94,11 +106,11 @@ class _VectorField(eqx.Module):
 
     stage_loss: StageLoss
     scale: dict
-    counter: Callable | None = eqx.field(static=True, default=None)
+    tag: jax.Array | None = None  # the run's evaluation counter (see _new_tag); None: not counted
 
     def __call__(self, t, y: dict, args) -> dict:
-        if self.counter is not None:
-            jax.debug.callback(self.counter)
+        if self.tag is not None:
+            jax.debug.callback(_tick, self.tag)
         g = jax.grad(self.stage_loss)(y)
         return {b: -self.scale[b] * g[b] for b in y}
 
@@ -297,6 +309,7 @@ def integrate(
     loss: PopulationLoss | None = None,
     params0: Params | None = None,
     verbose: bool = False,
+    throw: bool = True,
 ) -> Trajectory:
     """Integrate the gradient flow of ``config`` and return its trajectory.
 
@@ -313,24 +326,28 @@ def integrate(
     - `overwrite`: allow writing over a run already saved in `out` (without
       it, that is an error: a finished run is never replaced silently); the
       old run's files, reports and figures are removed first.
+    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
+      seed; passing the same one to several runs compares them on one sample).
+    - `params0`: the initial θ (default: the paper's initialisation).
+    - `verbose`: print a line per segment.
+    - `throw`: raise :class:`FlowError` when the integration fails (default,
+      as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
+      is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
 
     With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
     the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
     saved run ``"interrupted"`` (its last saved snapshot, resumable) before
     it propagates.
-    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
-      seed; passing the same one to several runs compares them on one sample).
-    - `params0`: the initial θ (default: the paper's initialisation).
-    - `verbose`: print a line per segment.
 
     **Returns:** a :class:`~gflow.trajectory.Trajectory`.
 
-    **Raises:** :class:`FlowError` (with the partial trajectory) when a
-    stage's solve fails or its vector field is not finite;
+    **Raises:** :class:`FlowError` (with the partial trajectory), unless
+    ``throw=False``, when a stage's solve fails or its vector field is not finite;
     :class:`~gflow.trajectory.RunFolderError` when `out` is locked by another
     process or cannot be written.
     """
-    kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose}
+    kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
+          "throw": throw}
     if out is None:
         return _integrate(config, out=None, **kw)
     with lock(out):
@@ -364,7 +381,7 @@ def _remove_stale(out: Path) -> None:
         shutil.rmtree(out / "figures")
 
 
-def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose) -> Trajectory:
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw) -> Trajectory:
     cfg = config
     dtype = cfg.estimator.jdtype
     out = None if out is None else Path(out)
@@ -420,7 +437,12 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
                 sel = traj.c_frac[-1].argmax()
                 rec.selected = list(traj.subsets[sel])
             traj.stages.append(rec)
-        y, t = _run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+        try:
+            y, t = _run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+        except FlowError as e:
+            if throw:
+                raise
+            return e.trajectory
 
     traj.status = "complete"
     traj.wall = wall0 + time.perf_counter() - t_wall
@@ -545,94 +567,180 @@ def _stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
     return StageLoss(loss, y, moves), finite
 
 
-def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
-               wall0, t_wall):  # fmt: skip
-    name = rec.name
-    idx = _stage_index(name)
-    t_stage = time.perf_counter()
-    wall_before, nfev_before = rec.wall, rec.nfev
-    _NFEV[0] = 0
-    counter = _NFEV
+_NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's start "
+                        "(e.g. estimator.eps = 0 with tokens absent from a context)")
 
-    moves = _STAGES[name]
-    dtype = cfg.estimator.jdtype
-    heads = tuple(rec.selected or ())
-    event_stage = None
-    if cfg.schedule.events and (name == "I" or (name == "II" and heads)):
-        event_stage = name
 
-    def fail(msg, t_fail):
+class _StageRun:
+    """One run's passage through one stage, on the host: everything around the
+    compiled solves, shared by the single driver (:func:`_run_stage`) and the
+    batched one (``gflow.vmapped``), so the two cannot drift apart.
+
+    It decides how the stage starts (:meth:`start`: a non-finite field fails at
+    once, an event already met ends the stage, otherwise the stage's save grid
+    is cut into solves of one decade each), what the j-th solve integrates
+    (:meth:`solve_args`), which of a solve's saved rows are kept
+    (:meth:`take`), and what follows a solve (:meth:`settle`: a failure, the
+    stage's event, its last solve, or the next solve), keeping the stage
+    record (times, steps, evaluations, wall time, how it ended) and the run's
+    status and folder up to date. A failure is recorded in `error` (a
+    :class:`FlowError` with the partial trajectory); the driver decides
+    whether to raise it.
+    """
+
+    def __init__(self, traj: Trajectory, rec: StageRecord, cfg: Config, y_np: dict, t: float, t_end: float,
+                 out: Path | None, *, wall0: float, t_wall: float, verbose: bool = False):  # fmt: skip
+        self.traj, self.rec, self.cfg, self.out = traj, rec, cfg, out
+        self.y_np, self.t, self.t_end = y_np, t, t_end
+        self.wall0, self.t_wall, self.verbose = wall0, t_wall, verbose
+        self.name = rec.name
+        self.moves = _STAGES[rec.name]
+        self.index = _stage_index(rec.name)
+        self.heads = tuple(rec.selected or ())
+        events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
+        self.event_stage = rec.name if events else None
+        self.t_stage = time.perf_counter()
+        self.wall_before, self.nfev_before = rec.wall, rec.nfev
+        self.tag = _new_tag()
+        self.segs: list[np.ndarray] = []
+        self.j = 0
+        self.error: FlowError | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether solves remain."""
+        return self.error is None and not self.rec.complete and self.j < len(self.segs)
+
+    def _clock(self) -> None:
+        rec = self.rec
+        rec.nfev = self.nfev_before + _COUNTS.get(self.tag, 0)
+        rec.wall = self.wall_before + time.perf_counter() - self.t_stage
+        self.traj.wall = self.wall0 + time.perf_counter() - self.t_wall
+
+    def _save(self) -> None:
+        if self.out is not None:
+            save(self.traj, self.out)
+
+    def fail(self, msg: str, t_fail: float) -> None:
+        rec, traj = self.rec, self.traj
         rec.ended_by = "failed"
         rec.t1 = float(traj.ts[-1])
-        rec.wall = wall_before + time.perf_counter() - t_stage
-        rec.nfev = nfev_before + counter[0]
-        traj.status = f"failed: Stage {name} at t = {t_fail:.6g}: {msg}"
-        traj.wall = wall0 + time.perf_counter() - t_wall
-        if out is not None:
-            save(traj, out)
-        raise FlowError(msg, stage=name, t=t_fail, trajectory=traj, out=out)
+        self._clock()
+        traj.status = f"failed: Stage {self.name} at t = {t_fail:.6g}: {msg}"
+        self._save()
+        self.error = FlowError(msg, stage=self.name, t=t_fail, trajectory=traj, out=self.out)
 
-    # Checked before the (possibly long) solve: a non-finite field fails at once.
-    sl, finite0 = _stage_start(loss, y, moves)
-    if not bool(finite0):
-        fail("the gradient of the loss is not finite at the stage's start "
-             "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
-    vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves, dtype), counter=_count_evaluation)
-    y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
-    if event_stage is not None and float(_event_value(name, y_np, cfg.schedule.delta, heads)) >= 0:
-        rec.ended_by, rec.complete, rec.t1 = "event", True, t
-        rec.wall = wall_before + time.perf_counter() - t_stage
-        return y, t
+    def end(self, ended_by: str) -> None:
+        rec = self.rec
+        rec.ended_by, rec.complete, rec.t1 = ended_by, True, self.t
+        self._clock()
 
-    grid = _grid(rec.t0, t_end, cfg)
-    grid = grid[grid > t * (1 + 1e-12)]
-    ended_by = "duration"
-    carry = _fresh_carry(dtype)
-    saved = traj.controller
-    if saved is not None and saved.get("stage") == name and saved.get("t") == t and not cfg.solver.is_gd:
-        # resumed mid-stage: continue with the controller state the interrupted run had here
-        carry = jax.tree.unflatten(jax.tree.structure(carry), [jnp.asarray(v, x.dtype) for v, x in
-                                   zip(saved["state"], jax.tree.leaves(carry))])  # fmt: skip
-    for seg in _segments(grid, cfg.solver.save_per_decade) if len(grid) else []:
-        y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
-        sc = cfg.solver
-        f64 = lambda x: jnp.asarray(x, dtype=jnp.float64)  # noqa: E731
-        ts, ys, result, stats, carry = _solve_segment(
-            vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta), carry,
-            method=sc.method_for(name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
-            delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
-        )  # fmt: skip
-        ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
+    def close(self) -> None:
+        """Stop counting this run's evaluations."""
+        _COUNTS.pop(self.tag, None)
+
+    def start(self, finite0: bool) -> bool:
+        """Begin the stage given whether ∇L̂ is finite at its start; whether solves follow."""
+        if not finite0:
+            self.fail(_NOT_FINITE_AT_START, self.t)
+            return False
+        cfg = self.cfg
+        if self.event_stage is not None and float(_event_value(self.name, self.y_np, cfg.schedule.delta,
+                                                               self.heads)) >= 0:  # fmt: skip
+            self.end("event")
+            return False
+        grid = _grid(self.rec.t0, self.t_end, cfg)
+        grid = grid[grid > self.t * (1 + 1e-12)]
+        self.segs = _segments(grid, cfg.solver.save_per_decade) if len(grid) else []
+        if not self.segs:
+            self.end("duration")
+            return False
+        return True
+
+    def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
+        """The j-th solve: its moving blocks' start, its start and end times, and its saved times."""
+        seg = self.segs[self.j]
+        return {b: self.y_np[b] for b in self.moves}, self.t, float(seg[-1]), seg
+
+    def take(self, ts, ys: dict, result, stats):
+        """Count a solve's steps and keep its rows; returns the rows to append
+        (``(ts, {"w", "C", "a"})``, or ``None``) and the solve's outcome for :meth:`settle`."""
+        rec = self.rec
         rec.steps += int(stats["num_accepted_steps"])
         rec.rejected += int(stats["num_rejected_steps"])
-        ts_kept, full, finite = _kept_rows(ts, ys, t, y_np, moves)
-        if finite and len(ts_kept):
-            _append(traj, loss, ts_kept, full, stage_index=idx)
-        ok = result == diffrax.RESULTS.successful or result == diffrax.RESULTS.event_occurred
+        ts_kept, full, finite = _kept_rows(ts, ys, self.t, self.y_np, self.moves)
+        rows = (ts_kept, full) if finite and len(ts_kept) else None
+        return rows, (result, finite, ts_kept, full)
+
+    def settle(self, outcome) -> None:
+        """After the solve's rows are appended: fail, end (event or last solve), or go on."""
+        result, finite, ts_kept, full = outcome
+        traj, sc = self.traj, self.cfg.solver
+        ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
         if not ok or not finite:
-            fail(_failure(result, ok, cfg.solver, name), float(traj.ts[-1]))
+            self.fail(_failure(result, ok, sc, self.name), float(traj.ts[-1]))
+            return
         if len(ts_kept):
-            y_np = {b: v[-1] for b, v in full.items()}
-            t = float(ts_kept[-1])
-        rec.t1 = t
-        rec.nfev = nfev_before + counter[0]
-        rec.wall = wall_before + time.perf_counter() - t_stage
-        traj.wall = wall0 + time.perf_counter() - t_wall
-        traj.controller = {"stage": name, "t": t, "state": [np.asarray(x).item() for x in jax.tree.leaves(carry)]}
-        if verbose:
-            print(f"  stage {name}: t = {t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {rec.steps}, "
-                  f"nfev = {rec.nfev}, {rec.wall:.1f} s", flush=True)  # fmt: skip
-        if result == diffrax.RESULTS.event_occurred:
-            ended_by = "event"
-            break
-        if out is not None:
-            save(traj, out)
-    rec.ended_by = ended_by
-    rec.complete = True
-    rec.t1 = t
-    rec.nfev = nfev_before + counter[0]
-    rec.wall = wall_before + time.perf_counter() - t_stage
-    if out is not None:
-        save(traj, out)
-    y = Params(**{b: jnp.asarray(v, dtype) for b, v in y_np.items()})
-    return y, t
+            self.y_np = {b: v[-1] for b, v in full.items()}
+            self.t = float(ts_kept[-1])
+        self.rec.t1 = self.t
+        self._clock()
+        self.j += 1
+        if self.verbose:
+            print(f"  stage {self.name}: t = {self.t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {self.rec.steps}, "
+                  f"nfev = {self.rec.nfev}, {self.rec.wall:.1f} s", flush=True)  # fmt: skip
+        if bool(result == diffrax.RESULTS.event_occurred):
+            self.end("event")
+        elif self.j == len(self.segs):
+            self.end("duration")
+        self._save()
+
+
+def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
+               wall0, t_wall):  # fmt: skip
+    """One stage of one run (the single driver of :class:`_StageRun`); raises its :class:`FlowError`."""
+    dtype = cfg.estimator.jdtype
+    run = _StageRun(traj, rec, cfg, {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}, t, t_end, out,
+                    wall0=wall0, t_wall=t_wall, verbose=verbose)  # fmt: skip
+    # Checked before the (possibly long) solve: a non-finite field fails at once.
+    sl, finite0 = _stage_start(loss, y, run.moves)
+    try:
+        _solves(run, loss, sl, finite0)
+    finally:
+        run.close()
+    if run.error is not None:
+        raise run.error
+    return Params(**{b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
+
+
+def _solves(run: _StageRun, loss, sl, finite0) -> None:
+    cfg, traj = run.cfg, run.traj
+    dtype = cfg.estimator.jdtype
+    if run.start(bool(finite0)):
+        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=jnp.asarray(run.tag))
+        sc = cfg.solver
+        carry = _fresh_carry(dtype)
+        saved = traj.controller
+        if saved is not None and saved.get("stage") == run.name and saved.get("t") == run.t and not sc.is_gd:
+            # resumed mid-stage: continue with the controller state the interrupted run had here
+            leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
+            carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
+        while run.running:
+            y0, t0, t1, seg = run.solve_args()
+            ts, ys, result, stats, carry = _solve_segment(
+                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(seg), _f64(sc.eta),
+                carry, method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
+            )  # fmt: skip
+            rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
+            if rows is not None:
+                _append(traj, loss, *rows, stage_index=run.index)
+            # saved with the snapshot (settle saves): a resumed run continues with these very steps
+            t_now = float(rows[0][-1]) if rows is not None else run.t
+            traj.controller = {"stage": run.name, "t": t_now, "state": [np.asarray(x).item() for x in
+                               jax.tree.leaves(carry)]}  # fmt: skip
+            run.settle(outcome)
+
+
+def _f64(x):
+    return jnp.asarray(x, dtype=jnp.float64)

@@ -56,7 +56,6 @@ import contextlib
 import time
 from pathlib import Path
 
-import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -64,24 +63,19 @@ import numpy as np
 
 from .config import Config
 from .flow import (
-    _NFEV,
-    _append_rows,
-    _failure,
-    _kept_rows,
     _STAGES,
     FlowError,
+    _append_rows,
     _check_params,
-    _count_evaluation,
-    _event_value,
+    _f64,
     _fresh_carry,
-    _grid,
     _plan,
     _run_stage,
     _scales,
-    _segments,
     _solve_segment,
     _stage_index,
     _stage_start,
+    _StageRun,
     _stats_at,
     _VectorField,
     integrate,
@@ -118,6 +112,7 @@ def integrate_batch(
     outs: list[str | Path | None] | None = None,
     overwrite: bool = False,
     verbose: bool = False,
+    throw: bool = True,
 ) -> list[Trajectory]:
     """Integrate the gradient flows of `configs` as one vmapped batch.
 
@@ -129,17 +124,25 @@ def integrate_batch(
       at the end of every stage, at the end).
     - `overwrite`: allow writing over runs already saved in `outs`.
     - `verbose`: a line per batched solve.
+    - `throw`: after the whole batch has run, raise the first failed
+      replicate's :class:`~gflow.FlowError` (default, like
+      :func:`gflow.integrate`); with ``throw=False`` every trajectory is
+      returned, a failed one with the status ``"failed: …"``.
 
     **Returns:** one :class:`~gflow.trajectory.Trajectory` per configuration,
     equal to :func:`gflow.integrate` of it to rounding (statistics as in the
     module docstring). A failed replicate's trajectory has the status
-    ``"failed: …"`` that :func:`gflow.integrate` would have raised with.
+    ``"failed: …"`` that :func:`gflow.integrate` would have raised with; it
+    is kept (and written to its folder) whatever `throw` is.
 
     **Raises:** ``ValueError`` for an empty list, configurations that differ
     in more than the seed, `outs` of another length, or a folder that already
     holds a run (without `overwrite`).
     """
-    trajs, _ = _integrate_batch(configs, outs=outs, overwrite=overwrite, verbose=verbose)
+    trajs, errors = _integrate_batch(configs, outs=outs, overwrite=overwrite, verbose=verbose)
+    first = next((e for e in errors if e is not None), None)
+    if throw and first is not None:
+        raise first
     return trajs
 
 
@@ -221,10 +224,6 @@ def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _f64(x):
-    return jnp.asarray(x, dtype=jnp.float64)
-
-
 def _where(mask: np.ndarray, new, old):
     """``new`` for the replicates in `mask` (leading axis), ``old`` for the others."""
     return jax.tree.map(lambda n, o: jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o), new, old)
@@ -257,20 +256,6 @@ class _Runs:
         self.trajs: list[Trajectory] = []
         self.errors: list[FlowError | None] = [None] * R
         self.alive = list(range(R))
-
-    def fail(self, r: int, rec: StageRecord, msg: str, t_fail: float, t_stage: float) -> None:
-        """``_run_stage``'s failure, without raising: the replicate stops, the others go on."""
-        tr, out = self.trajs[r], self.outs[r]
-        rec.ended_by = "failed"
-        rec.t1 = float(tr.ts[-1])
-        rec.wall = time.perf_counter() - t_stage
-        rec.nfev = _NFEV[0]
-        tr.status = f"failed: Stage {rec.name} at t = {t_fail:.6g}: {msg}"
-        tr.wall = time.perf_counter() - self.t_wall
-        if out is not None:
-            save(tr, out)
-        self.errors[r] = FlowError(msg, stage=rec.name, t=t_fail, trajectory=tr, out=out)
-        self.alive.remove(r)
 
 
 def _integrate_batch(configs, *, outs=None, overwrite=False, verbose=False):
@@ -371,124 +356,77 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
 
 
 def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list[int], duration: float) -> None:
-    """One stage of the replicates `active`, mirroring ``gflow.flow._run_stage``
-    for each, on the batch `members` (the leading axis of `loss_b`; members
-    not in `active` idle)."""
-    name = recs[active[0]].name
-    t_stage = time.perf_counter()
-    _NFEV[0] = 0
-    cfg = runs.cfgs[active[0]]
-    moves = _STAGES[name]
-    dtype = cfg.estimator.jdtype
-    heads = tuple(recs[active[0]].selected or ())
-    event_stage = None
-    if cfg.schedule.events and (name == "I" or (name == "II" and heads)):
-        event_stage = name
+    """One stage of the replicates `active` on the batch `members` (the leading
+    axis of `loss_b`; members not in `active` idle): each replicate's host-side
+    bookkeeping is a ``gflow.flow._StageRun``, as in a single run, and the
+    j-th solve of every replicate still running is one batched solve, the
+    others given zero-length solves (``t0 = t1``)."""
+    r0 = active[0]
+    name, cfg = recs[r0].name, runs.cfgs[r0]
+    sc, dtype, B = cfg.solver, cfg.estimator.jdtype, len(members)
+    stage = {r: _StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
+                          runs.outs[r], wall0=0.0, t_wall=runs.t_wall) for r in active}  # fmt: skip
+    moves, heads, event_stage = stage[r0].moves, stage[r0].heads, stage[r0].event_stage
 
     y_b = Params(**{b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in _BLOCKS})
     sl_b, finite0 = _stage_start_batch(loss_b, y_b, moves)
     # the jitted function returns a copy of the samples inside the stage loss: hold the stacked ones instead
     sl_b = eqx.tree_at(lambda sl: sl.loss, sl_b, loss_b)
     finite0 = np.asarray(finite0)
-    segs: dict[int, list[np.ndarray]] = {}
-    for k, r in enumerate(members):
-        if r not in active:
-            continue
-        rec, t = recs[r], runs.t[r]
-        if not finite0[k]:
-            runs.fail(r, rec, "the gradient of the loss is not finite at the stage's start "
-                      "(e.g. estimator.eps = 0 with tokens absent from a context)", t, t_stage)  # fmt: skip
-        elif event_stage is not None and float(_event_value(name, runs.y[r], cfg.schedule.delta, heads)) >= 0:
-            rec.ended_by, rec.complete, rec.t1 = "event", True, t
-        else:
-            grid = _grid(rec.t0, rec.t0 + duration, runs.cfgs[r])
-            grid = grid[grid > t * (1 + 1e-12)]
-            segs[r] = _segments(grid, cfg.solver.save_per_decade) if len(grid) else []
-            if not segs[r]:
-                rec.ended_by, rec.complete, rec.t1 = "duration", True, t
-    going = [r for r in segs if segs[r]]
+    going = [r for k, r in enumerate(members) if r in stage and stage[r].start(bool(finite0[k]))]
     if going:
-        scale = {b: jnp.broadcast_to(v, (len(members),)) for b, v in _scales(cfg, moves, dtype).items()}
-        vf = _VectorField(stage_loss=sl_b, scale=scale, counter=_count_evaluation)
-        _solves(runs, recs, loss_b, vf, members, active, going, segs, event_stage, heads, t_stage)
-    # every replicate's nfev and wall of the stage are the batch's (module docstring)
+        scale = {b: jnp.broadcast_to(v, (B,)) for b, v in _scales(cfg, moves, dtype).items()}
+        # idle members count under tag -1, which no run holds
+        tags = jnp.asarray([stage[r].tag if r in stage else -1 for r in members])
+        vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags)
+        settings = {
+            "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
+            "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,
+        }  # fmt: skip
+        carry = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), _fresh_carry(dtype))
+        while going:
+            t0 = np.array([runs.t[r] for r in members])
+            t1, ts = t0.copy(), np.repeat(t0[:, None], sc.save_per_decade, axis=1)
+            y0 = {b: np.stack([runs.y[r][b] for r in members]) for b in moves}
+            for k, r in enumerate(members):
+                if r in going:
+                    y0k, t0[k], t1[k], ts[k] = stage[r].solve_args()
+                    for b in moves:
+                        y0[b][k] = y0k[b]
+            ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
+                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(ts),
+                _f64(sc.eta), carry, **settings,
+            )  # fmt: skip
+            # a replicate's carry moves on only with its own solves
+            carry = _where(np.array([r in going for r in members]), new_carry, carry)
+            ts_b, ys_b, result_b, stats_b = jax.device_get((ts_b, ys_b, result_b, stats_b))
+            rows, outcome = {}, {}
+            for k, r in enumerate(members):
+                if r in going:
+                    # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
+                    res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
+                    st = {key: np.asarray(v)[k] if np.ndim(v) else v for key, v in stats_b.items()}  # max_steps: shared
+                    row, outcome[r] = stage[r].take(ts_b[k], {b: ys_b[b][k] for b in moves}, res, st)
+                    if row is not None:
+                        rows[r] = row
+            _append_batch(runs.trajs, loss_b, members, rows, stage_index=stage[r0].index)
+            for r in outcome:
+                stage[r].settle(outcome[r])
+                runs.y[r], runs.t[r] = stage[r].y_np, stage[r].t
+            going = [r for r in going if stage[r].running]
+            if runs.verbose:
+                now = [runs.t[r] for r in active if stage[r].error is None]
+                print(f"  stage {name} (batch of {B}): {len(going)} of {len(active)} still running, "
+                      f"t = {min(now, default=np.nan):.4g}…{max(now, default=np.nan):.4g}, "
+                      f"{time.perf_counter() - stage[r0].t_stage:.1f} s", flush=True)  # fmt: skip
     for r in active:
-        if r in runs.alive:
-            recs[r].nfev = _NFEV[0]
-            recs[r].wall = time.perf_counter() - t_stage
-            runs.trajs[r].wall = time.perf_counter() - runs.t_wall
-            if runs.outs[r] is not None:
-                save(runs.trajs[r], runs.outs[r])
-
-
-def _solves(runs: _Runs, recs, loss_b, vf, members, active, going, segs, event_stage, heads, t_stage) -> None:
-    """A stage's batched solves: the j-th decade of every replicate still
-    running at once, the others given zero-length solves (``t0 = t1``)."""
-    r0 = active[0]
-    name, cfg = recs[r0].name, runs.cfgs[r0]
-    sc, dtype, idx, B = cfg.solver, cfg.estimator.jdtype, _stage_index(name), len(members)
-    moves = _STAGES[name]
-    settings = {
-        "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
-        "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,
-    }  # fmt: skip
-    carry = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), _fresh_carry(dtype))
-    j = 0
-    while going:
-        t0 = np.array([runs.t[r] for r in members])
-        t1, ts = t0.copy(), np.repeat(t0[:, None], sc.save_per_decade, axis=1)
-        for k, r in enumerate(members):
-            if r in going:
-                seg = segs[r][j]
-                t1[k], ts[k] = float(seg[-1]), seg
-        y0 = {b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in moves}
-        ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
-            vf, y0, _f64(t0), _f64(t1), _f64(ts), _f64(sc.eta), carry, **settings
-        )
-        # a replicate's carry moves on only with its own solves
-        carry = _where(np.array([r in going for r in members]), new_carry, carry)
-        ts_b, ys_b, result_b, stats_b = jax.device_get((ts_b, ys_b, result_b, stats_b))
-
-        # each running replicate's rows, kept as _run_stage keeps them
-        outcome, rows = {}, {}
-        for k, r in enumerate(members):
-            if r not in going:
-                continue
-            rec, t, y_np = recs[r], runs.t[r], runs.y[r]
-            rec.steps += int(stats_b["num_accepted_steps"][k])
-            rec.rejected += int(stats_b["num_rejected_steps"][k])
-            ts_kept, full, finite = _kept_rows(ts_b[k], {b: ys_b[b][k] for b in moves}, t, y_np, moves)
-            if finite and len(ts_kept):
-                rows[r] = (ts_kept, full)
-            # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
-            res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
-            outcome[r] = (res, finite, ts_kept, full)
-        _append_batch(runs.trajs, loss_b, members, rows, stage_index=idx)
-
-        for r, (res, finite, ts_kept, full) in outcome.items():
-            rec, tr, out = recs[r], runs.trajs[r], runs.outs[r]
-            ok = bool(res == diffrax.RESULTS.successful) or bool(res == diffrax.RESULTS.event_occurred)
-            if not ok or not finite:
-                runs.fail(r, rec, _failure(res, ok, sc, name), float(tr.ts[-1]), t_stage)
-                going.remove(r)
-                continue
-            if len(ts_kept):
-                runs.y[r] = {b: v[-1] for b, v in full.items()}
-                runs.t[r] = float(ts_kept[-1])
-            rec.t1 = runs.t[r]
-            rec.nfev = _NFEV[0]
-            rec.wall = time.perf_counter() - t_stage
-            tr.wall = time.perf_counter() - runs.t_wall
-            event = bool(res == diffrax.RESULTS.event_occurred)
-            if event or j + 1 == len(segs[r]):
-                rec.ended_by = "event" if event else "duration"
-                rec.complete = True
-                going.remove(r)
-            if out is not None:
-                save(tr, out)
-        if runs.verbose:
-            now = [runs.t[r] for r in active if r in runs.alive]
-            print(f"  stage {name} (batch of {B}): solve {j + 1}, {len(going)} of {len(active)} still running, "
-                  f"t = {min(now, default=np.nan):.4g}…{max(now, default=np.nan):.4g}, nfev = {_NFEV[0]}, "
-                  f"{time.perf_counter() - t_stage:.1f} s", flush=True)  # fmt: skip
-        j += 1
+        run = stage[r]
+        if run.error is not None:
+            runs.errors[r] = run.error
+            runs.alive.remove(r)
+        else:
+            # every replicate's nfev and wall of the stage are the batch's (module docstring): its
+            # tag counted every batched evaluation, also after its own stage had ended
+            run._clock()
+            run._save()
+        run.close()

@@ -7,7 +7,52 @@ same script file, so the same holds there).
 
 from __future__ import annotations
 
+import builtins
+import functools
+import math
+import os
+import sys
 import time
+
+#: ``print`` with every line flushed: the scripts' output is often piped.
+print = functools.partial(builtins.print, flush=True)
+
+
+def progress(script: str, msg: str) -> None:
+    """A time-stamped progress line on stderr."""
+    sys.stderr.write(f"[{script} {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def load_str() -> str:
+    """The machine's load average, to print next to every timing."""
+    a, b, c = os.getloadavg()
+    return f"load avg {a:.2f} / {b:.2f} / {c:.2f} (1/5/15 min) on {os.cpu_count()} cores"
+
+
+def base_config(N: int, L: int):
+    """The paper's default configuration with N sequences and context length L."""
+    import gflow
+
+    cfg = gflow.Config()
+    if N != cfg.estimator.N:
+        cfg = cfg.replace(estimator={"N": N})
+    if L != cfg.data.L:
+        cfg = cfg.replace(data={"L": L})
+    return cfg
+
+
+def json_default(x):
+    """``json.dumps`` fallback for numpy scalars and arrays; non-finite floats become null."""
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return str(x)
 
 
 def rss_mb(field: str) -> float:

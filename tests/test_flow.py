@@ -266,6 +266,24 @@ def test_failed_solve_keeps_partial_trajectory(tmp_path):
     assert back.stages[0].ended_by == "failed"
     assert np.array_equal(back.ts, partial.ts) and len(back.ts) >= 1
     assert e.value.t == pytest.approx(back.ts[-1])
+    # throw=False: the same partial trajectory is returned, not raised; its record keeps the
+    # stage's steps and evaluations up to the failure
+    quiet = gflow.integrate(cfg, throw=False)
+    assert quiet.status == back.status and np.array_equal(quiet.ts, back.ts)
+    rec = quiet.stages[0]
+    assert rec.ended_by == "failed" and rec.steps >= 10 and rec.nfev >= rec.steps
+
+
+def test_batch_throw_raises_the_first_failure():
+    """integrate_batch(throw=True) raises the first failed replicate's FlowError after
+    the batch; throw=False returns every trajectory, the failed one marked."""
+    from gflow.vmapped import integrate_batch
+
+    cfgs = [SMALL.replace(data={"L": 4}, estimator={"eps": 0.0, "N": 200, "seed": s}) for s in (0, 1)]
+    with pytest.raises(gflow.FlowError, match=r"Stage I failed at t = 0: the gradient of the loss is not finite"):
+        integrate_batch(cfgs)
+    got = integrate_batch(cfgs, throw=False)
+    assert [tr.status.startswith("failed: Stage I at t = 0") for tr in got] == [True, True]
 
 
 def test_stage_records_are_plain_data(small_run):
