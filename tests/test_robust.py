@@ -276,10 +276,11 @@ def test_nan_trajectory_fails_check(small_run, tmp_path, capsys):
     save(tr, d)
     assert load(d).nonfinite == ["a"]
     assert gflow.cli.main(["check", str(d)]) == 1
-    out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("trajectory finite"))
-    assert row.split()[-1] == "FAIL" and " a " in row
-    assert json.loads((d / "report.json").read_text())["passed"] is False
+    rep = json.loads((d / "report.json").read_text())
+    row = next(r for r in rep["rows"] if r["name"].startswith("trajectory finite"))
+    assert row["passed"] is False and row["claim"] == "exact" and "non-finite in a" in row["tolerance"]
+    assert rep["passed"] is False and rep["verdict"]["gflow"] == "fail"
+    assert "gflow verdict FAIL" in capsys.readouterr().out
 
 
 @pytest.mark.slow
