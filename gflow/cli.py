@@ -16,15 +16,33 @@
 - ``gflow sweep [CONFIG] --param data.L=50,100,200 [--param …] --out DIR``:
   one run per point of the cross product, and ``DIR/sweep.csv`` with the
   headline results (:mod:`gflow.sweep`).
+
+Exit codes (every command): :data:`EXIT_OK` 0 done (for ``run``/``check``:
+the report's gflow verdict passes; the paper's may fail, that is a result);
+:data:`EXIT_VERDICT` 1 the gflow verdict fails (a row of gflow's own
+finite/exact theory, e.g. a non-finite trajectory); :data:`EXIT_INPUT` 2 bad
+input (configuration, usage, output location, a corrupt, foreign or locked
+run folder), reported before any compute; :data:`EXIT_FAILED` 3 the
+integration failed (the partial trajectory is kept); :data:`EXIT_INTERRUPTED`
+130 interrupted by SIGINT (the run is saved as "interrupted": ``--resume``
+continues it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+EXIT_OK = 0
+EXIT_VERDICT = 1
+EXIT_INPUT = 2
+EXIT_FAILED = 3
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -87,8 +105,6 @@ def _enable_compilation_cache() -> None:
     ``gflow run`` of the same shapes skips XLA compilation. ``GFLOW_CACHE``
     names the folder (default ``~/.cache/gflow/xla``); ``GFLOW_CACHE=none``
     turns it off."""
-    import os
-
     import jax
 
     where = os.environ.get("GFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow", "xla"))
@@ -97,85 +113,113 @@ def _enable_compilation_cache() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit code (module docstring). Usage errors exit 2 (argparse)."""
     args = _parser().parse_args(argv)
     _enable_compilation_cache()
     try:
         return _dispatch(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"gflow {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        where = getattr(args, "out", None) if args.cmd in ("run", "sweep") else None
+        tail = f"; the run saved in {where!r} is marked 'interrupted': continue it with --resume" if where else ""
+        print(f"gflow {args.cmd}: interrupted{tail}", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _dispatch(args) -> int:
+    """One function per command (``_cmd_<name>``): a new subcommand is a parser entry and a function."""
+    return globals()[f"_cmd_{args.cmd}"](args)
+
+
+def _cmd_run(args) -> int:
+    from .config import load_config, warnings_for
+    from .trajectory import check_output, lock
+
+    cfg = load_config(args.config)
+    if args.progress:
+        cfg = cfg.replace(solver={"progress": True})
+    out = Path(args.out)
+    if args.replicates is not None:
+        return _run_replicates(args, cfg, out)
+    if args.replicates_batch is not None:
+        raise ValueError("--replicates-batch needs --replicates R")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    for w in warnings_for(cfg):
+        print(f"gflow run: warning: {w}", file=sys.stderr)
+    check_output(out)  # before any compute: a file, under a file, read-only
+    with lock(out):  # held through the run, its report and its figures
+        return _run(args, cfg, out)
+
+
+def _run(args, cfg, out: Path) -> int:
+    from .flow import FlowError, integrate
+
+    if not args.quiet:
+        print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
+    except FlowError as e:
+        print(f"gflow run: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if not args.quiet:
+        for st in traj.stages:
+            print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
+                  f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s")  # fmt: skip
+        print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
+    ok = True
+    if not args.no_check:
+        ok = _check(out, quiet=args.quiet)
+    if not args.no_plot:
+        _plot(out, out / "figures", args.format, quiet=args.quiet)
+    if not ok:
+        print(f"gflow run: the check report's verdict fails (see {out / 'report.md'})", file=sys.stderr)
+    return EXIT_OK if ok else EXIT_VERDICT
+
+
+def _cmd_theory(args) -> int:
     from .config import load_config
+    from .theory import format_theory, theory_report
 
-    if args.cmd == "run":
-        from .flow import FlowError, integrate
+    cfg = load_config(args.config)
+    sc = cfg.schedule
+    rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
+    print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
+    return EXIT_OK
 
-        cfg = load_config(args.config)
-        if args.progress:
-            cfg = cfg.replace(solver={"progress": True})
-        out = Path(args.out)
-        if args.replicates is not None:
-            return _run_replicates(args, cfg, out)
-        if args.replicates_batch is not None:
-            raise ValueError("--replicates-batch needs --replicates R")
-        if not args.quiet:
-            print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
-        except FlowError as e:
-            print(f"gflow run: {e}", file=sys.stderr)
-            return 1
-        if not args.quiet:
-            for st in traj.stages:
-                print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
-                      f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s")  # fmt: skip
-            print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
-        if not args.no_check:
-            _check(out, quiet=args.quiet)
-        if not args.no_plot:
-            _plot(out, out / "figures", args.format, quiet=args.quiet)
-        return 0
 
-    if args.cmd == "theory":
-        from .theory import format_theory, theory_report
+def _cmd_check(args) -> int:
+    return EXIT_OK if _check(Path(args.dir), quiet=False) else EXIT_VERDICT
 
-        cfg = load_config(args.config)
-        sc = cfg.schedule
-        rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
-        print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
-        return 0
 
-    if args.cmd == "check":
-        ok = _check(Path(args.dir), quiet=False)
-        return 0 if ok else 1
+def _cmd_sweep(args) -> int:
+    from .config import load_config
+    from .sweep import run_sweep
 
-    if args.cmd == "sweep":
-        from .sweep import run_sweep
+    cfg = load_config(args.config)
+    if args.progress:
+        cfg = cfg.replace(solver={"progress": True})
+    out = Path(args.out)
+    if not args.quiet:
+        print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
+              flush=True)  # fmt: skip
+    res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
+                    overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    if not args.quiet:
+        print(res.table())
+        print(f"  {len(res.rows)} runs in {res.wall:.1f} s; table in {res.csv}")
+    for r in res.failed:
+        print(f"gflow sweep: point {r['dir']}: {r['status']}", file=sys.stderr)
+    return EXIT_FAILED if res.failed else EXIT_OK
 
-        cfg = load_config(args.config)
-        if args.progress:
-            cfg = cfg.replace(solver={"progress": True})
-        out = Path(args.out)
-        if not args.quiet:
-            print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
-                  flush=True)  # fmt: skip
-        res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
-                        overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
-        if not args.quiet:
-            print(res.table())
-            print(f"  {len(res.rows)} runs in {res.wall:.1f} s; table in {res.csv}")
-        for r in res.failed:
-            print(f"gflow sweep: point {r['dir']}: {r['status']}", file=sys.stderr)
-        return 1 if res.failed else 0
 
-    if args.cmd == "plot":
-        d = Path(args.dir)
-        _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
-        return 0
-    raise AssertionError(args.cmd)
+def _cmd_plot(args) -> int:
+    d = Path(args.dir)
+    _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
+    return EXIT_OK
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
@@ -192,13 +236,17 @@ def _run_replicates(args, cfg, out: Path) -> int:
         _plot(res.dirs[0], res.dirs[0] / "figures", args.format, quiet=args.quiet)
     for r in res.failed:
         print(f"gflow run: replicate {r}: {res.trajectories[r].status}", file=sys.stderr)
-    return 1 if res.failed else 0
+    return EXIT_FAILED if res.failed else EXIT_OK
 
 
 def _check(out: Path, *, quiet: bool) -> bool:
+    """Check a saved run (writes its report into it, under its lock); the gflow verdict."""
     from .checks import check_run
+    from .trajectory import load, lock
 
-    rep = check_run(out)
+    load(out)  # a missing, corrupt or foreign folder: one clear error, nothing created or locked
+    with lock(out):
+        rep = check_run(out)
     if not quiet:
         print(rep.table())
     v = rep.verdict
@@ -213,8 +261,13 @@ def _check(out: Path, *, quiet: bool) -> bool:
 
 def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
     from .plot import plot_run
+    from .trajectory import check_output, load, lock
 
-    paths = plot_run(out, figdir, fmt=fmt)
+    load(out)  # a missing, corrupt or foreign folder: one clear error
+    check_output(figdir)  # a file, under a file, read-only: before drawing anything
+    inside = Path(os.path.realpath(figdir)).is_relative_to(os.path.realpath(out))
+    with lock(out) if inside else contextlib.nullcontext():
+        paths = plot_run(out, figdir, fmt=fmt)
     if not quiet:
         print(f"  figures: {', '.join(str(p) for p in paths)}")
 

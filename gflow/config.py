@@ -12,8 +12,11 @@ table per section::
     kind = "staged"
     durations = [1e3, 1e9, 1e5]
 
-Unknown sections or keys, and bad values, raise ``ValueError`` naming the
-key (``data.L``), before anything is computed.
+Unknown sections or keys, values of the wrong type (every key has one
+declared type, :data:`_KEY_TYPES`: a bool is not an integer, a float is never
+truncated, NaN and infinities are refused) and values out of range raise
+``ValueError`` naming the key (``data.L``), the value given and what was
+expected, before anything is computed.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import numpy as np
@@ -179,8 +183,18 @@ class Config(eqx.Module):
             raise ValueError(
                 f"model.H must be <= model.M for the paper's initialisation, got H={self.model.H}, M={self.model.M}"
             )
+        # c_S = c0² must be a normal, finite number of the run's dtype: c0 = 1e-200 gave c = 0
+        # (Σc = 0, a non-finite gradient blamed on estimator.eps)
+        fi = np.finfo(self.estimator.dtype)
+        c0 = abs(float(self.init.c0))
+        lo, hi = math.sqrt(float(fi.tiny)), math.sqrt(float(fi.max) / len(self.model.subsets))
+        if not lo <= c0 <= hi:
+            raise ValueError(
+                f"init.c0 must satisfy {lo:.3g} <= |c0| <= {hi:.3g} with estimator.dtype = {self.estimator.dtype!r} "
+                f"(c_S = c0² and Σc must be normal finite numbers), got {self.init.c0!r}"
+            )
 
-    def replace(self, **sections) -> "Config":
+    def replace(self, **sections) -> Config:
         """A copy with some fields changed: ``cfg.replace(data={"L": 40})``."""
         d = self.to_dict()
         for sec, vals in sections.items():
@@ -217,18 +231,123 @@ _SECTIONS = {
     "estimator": EstimatorConfig,
 }
 
-_FLOAT_FIELDS = {
-    "data": {"alpha"},
-    "init": {"w_plus", "w_minus", "c0", "a0"},
-    "schedule": {"delta", "t1", "eta_w", "eta_C", "eta_a"},
-    "solver": {"rtol", "atol", "eta", "tau_min"},
-    "estimator": {"eps"},
+# ---------------------------------------------------------------------------
+# Types of every key (checked before any section is built)
+# ---------------------------------------------------------------------------
+
+
+class _Type(NamedTuple):
+    """An accepted type: `expected` is what an error message says was expected."""
+
+    expected: str
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v) -> bool:
+    # bool is an int in Python, and 2.0 is not an integer: neither is accepted
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_float(v) -> bool:
+    return (_is_int(v) or isinstance(v, (float, np.floating))) and math.isfinite(v)
+
+
+def _is_matrix(v) -> bool:
+    if isinstance(v, np.ndarray):
+        return v.dtype.kind in "iuf" and bool(np.all(np.isfinite(v)))
+    if not isinstance(v, (list, tuple)) or len(v) == 0:
+        return False
+    return all(_is_matrix(x) for x in v) if isinstance(v[0], (list, tuple)) else all(_is_float(x) for x in v)
+
+
+_INT = _Type("an integer (not a float or a bool)", _is_int)
+_FLOAT = _Type("a finite number (not a string or a bool)", _is_float)
+_BOOL = _Type("true or false", lambda v: isinstance(v, (bool, np.bool_)))
+_STR = _Type("a string", lambda v: isinstance(v, str))
+_INTS = _Type(
+    "an integer or a list of integers (not floats or bools)",
+    lambda v: _is_int(v) or (isinstance(v, (list, tuple)) and all(_is_int(x) for x in v)),
+)
+_FLOATS = _Type(
+    "a list of finite numbers", lambda v: isinstance(v, (list, tuple)) and all(_is_float(x) for x in v)
+)
+_STRS = _Type(
+    "a string or a list of strings",
+    lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
+)
+_MATRIX = _Type("a (nested) list of finite numbers", lambda v: v is None or _is_matrix(v))
+
+# The type of every configuration key. To add a key: add the field (with its default and its range
+# check in ``__check_init__``) to the section's class, and ONE line here, ``"section.key": _TYPE``;
+# tests/test_config.py checks that every field of every section has a line. Ranges and allowed
+# values are checked by the section classes, after the types. Keys listed here that a section does
+# not have are still rejected as unknown (lines for keys other branches add are harmless).
+_KEY_TYPES: dict[str, _Type] = {
+    "data.d": _INT,
+    "data.parents": _INTS,
+    "data.alpha": _FLOAT,
+    "data.L": _INT,
+    "data.start": _STR,
+    "data.burn_in": _INT,
+    "data.kernel": _MATRIX,
+    "model.M": _INT,
+    "model.H": _INT,
+    "model.D": _INT,
+    "model.norm": _STR,
+    "model.head_norm": _BOOL,
+    "model.windows": _STR,
+    "init.w_plus": _FLOAT,
+    "init.w_minus": _FLOAT,
+    "init.c0": _FLOAT,
+    "init.a0": _FLOAT,
+    "schedule.kind": _STR,
+    "schedule.durations": _FLOATS,
+    "schedule.delta": _FLOAT,
+    "schedule.events": _BOOL,
+    "schedule.t1": _FLOAT,
+    "schedule.eta_w": _FLOAT,
+    "schedule.eta_C": _FLOAT,
+    "schedule.eta_a": _FLOAT,
+    "solver.method": _STRS,
+    "solver.rtol": _FLOAT,
+    "solver.atol": _FLOAT,
+    "solver.max_steps": _INT,
+    "solver.eta": _FLOAT,
+    "solver.save_per_decade": _INT,
+    "solver.tau_min": _FLOAT,
+    "solver.progress": _BOOL,
+    "solver.batch": _INT,
+    "estimator.N": _INT,
+    "estimator.seed": _INT,
+    "estimator.eps": _FLOAT,
+    "estimator.loss": _STR,
+    "estimator.dtype": _STR,
+    "estimator.layout": _STR,
+    "estimator.chunk": _INT,
+    "estimator.shard": _BOOL,
+    "estimator.target": _STR,
 }
+
+
+def _check_type(sec: str, key: str, v) -> Any:
+    """``v`` if it has the key's type (ints of float keys become floats), else ``ValueError``
+    naming the key, the value given and the type expected."""
+    t = _KEY_TYPES.get(f"{sec}.{key}")
+    if t is None:  # a field without a line in the table: its class checks it
+        return v
+    if not t.ok(v):
+        raise ValueError(f"{sec}.{key} must be {t.expected}, got {v!r} ({type(v).__name__})")
+    if t is _FLOAT:
+        return float(v)
+    if t is _FLOATS:
+        return [float(x) for x in v]
+    return v
 
 
 def from_dict(d: dict[str, Any]) -> Config:
     """Build a :class:`Config` from nested dictionaries; unknown sections or
-    keys raise ``ValueError`` naming them. Missing fields take their defaults."""
+    keys, and values of the wrong type (:data:`_KEY_TYPES`), raise
+    ``ValueError`` naming them. Missing fields take their defaults."""
     if not isinstance(d, dict):
         raise ValueError(f"a configuration must be a table of sections, got {type(d).__name__}")
     kwargs = {}
@@ -242,18 +361,33 @@ def from_dict(d: dict[str, Any]) -> Config:
         for k in vals:
             if k not in allowed:
                 raise ValueError(f"unknown config key {sec}.{k}; allowed keys of [{sec}]: {allowed}")
-        vals = dict(vals)
-        for k in _FLOAT_FIELDS.get(sec, ()):
-            if k in vals and isinstance(vals[k], int) and not isinstance(vals[k], bool):
-                vals[k] = float(vals[k])
+        vals = {k: _check_type(sec, k, v) for k, v in vals.items()}
         try:
             kwargs[sec] = cls(**vals)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             msg = str(e)
             if f"{sec}." not in msg:
-                msg = f"bad value in [{sec}]: {msg}"
+                msg = f"bad value in [{sec}] ({vals}): {msg}"
             raise ValueError(msg) from None
     return Config(**kwargs)
+
+
+# Below this many sequences the Monte Carlo standard errors mean little: the estimated standard
+# deviation s has a relative sampling error of about 1/sqrt(2(N-1)) (> 7 % for N < 100, Gaussian
+# per-sequence values; more for the heavy-tailed log losses), and the checks read |x − theory| <= k·se
+# as a confidence statement, which needs the central limit theorem to hold for the sample mean.
+N_WARN = 100
+
+
+def warnings_for(cfg: Config) -> list[str]:
+    """Warnings about a configuration that is valid but degenerate (printed by ``gflow run``)."""
+    out = []
+    if cfg.estimator.N < N_WARN:
+        out.append(
+            f"estimator.N = {cfg.estimator.N} < {N_WARN}: the Monte Carlo standard errors (and the checks built "
+            f"on them) are not meaningful; the flow is that of a {cfg.estimator.N}-sequence sample"
+        )
+    return out
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -268,4 +402,10 @@ def load_config(path: str | Path | None) -> Config:
             d = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"config file {str(path)!r} is not a text (UTF-8) TOML file: {e.reason} at byte {e.start}"
+        ) from None
+    except OSError as e:
+        raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
     return from_dict(d)

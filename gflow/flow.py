@@ -36,7 +36,7 @@ import optimistix as optx
 from .config import Config
 from .loss import PopulationLoss, StageLoss, make_loss
 from .model import Params, init_params
-from .trajectory import StageRecord, Trajectory, load, save
+from .trajectory import StageRecord, Trajectory, load, lock, save
 
 _STAGES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
 
@@ -177,7 +177,9 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
 
 def _fresh_carry(dtype):
     """The controller carry of a stage's first solve: no previous step."""
-    one = jnp.asarray(1.0, dtype)
+    # float64 whatever the state's dtype: diffrax's PID step leaves its state in the (float64) time
+    # dtype, and the loop carry must keep its dtypes (a float32 state crashed here)
+    one = jnp.asarray(1.0, jnp.float64)
     return ((one, one, jnp.asarray(False)), jnp.asarray(0.0, jnp.float64))
 
 
@@ -205,7 +207,11 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         dt0 = jax.lax.cond(
             dt_prev > 0,
             lambda: dt_prev,
-            lambda: controller.init(term, t0, t1, y0, None, None, solver.func, solver.error_order(term))[1][1],
+            # y0 in the time dtype: diffrax's initial-step heuristic mixes y's and t's dtypes (float32 state)
+            lambda: controller.init(
+                term, t0, t1, jax.tree.map(lambda x: x.astype(t0.dtype), y0), None, None, solver.func,
+                solver.error_order(term),
+            )[1][1],
         )
         dt0 = jnp.minimum(dt0, t1 - t0)
         controller_state = (pid_state, dt0)
@@ -312,12 +318,14 @@ def integrate(
     - `config`: the run (``Config()`` is the paper's default staged run).
     - `out`: a folder; if given, ``trajectory.npz`` and ``run.json`` are
       written there after every segment.
-    - `resume`: continue the run saved in `out` from its last saved state, up
-      to the (possibly later) end times of ``config`` — e.g. a longer Stage
-      III. The data, model, initialisation, estimator, solver method and
-      schedule kind must equal the saved run's.
+    - `resume`: continue the run saved in `out` from its last saved state
+      (with the step-size controller's saved state: the same steps as an
+      uninterrupted run), up to the (possibly later) end times of ``config``
+      — e.g. a longer Stage III. Every setting that defines the trajectory so
+      far must equal the saved run's (:func:`check_resumable`).
     - `overwrite`: allow writing over a run already saved in `out` (without
-      it, that is an error: a finished run is never replaced silently).
+      it, that is an error: a finished run is never replaced silently); the
+      old run's files, reports and figures are removed first.
     - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
       seed; passing the same one to several runs compares them on one sample).
     - `params0`: the initial θ (default: the paper's initialisation).
@@ -326,11 +334,54 @@ def integrate(
       as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
       is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
 
+    With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
+    the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
+    saved run ``"interrupted"`` (its last saved snapshot, resumable) before
+    it propagates.
+
     **Returns:** a :class:`~gflow.trajectory.Trajectory`.
 
     **Raises:** :class:`FlowError` (with the partial trajectory), unless
-    ``throw=False``, when a stage's solve fails or its vector field is not finite.
+    ``throw=False``, when a stage's solve fails or its vector field is not finite;
+    :class:`~gflow.trajectory.RunFolderError` when `out` is locked by another
+    process or cannot be written.
     """
+    kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
+          "throw": throw}
+    if out is None:
+        return _integrate(config, out=None, **kw)
+    with lock(out):
+        try:
+            return _integrate(config, out=Path(out), **kw)
+        except KeyboardInterrupt:
+            _mark_interrupted(Path(out))
+            raise
+
+
+def _mark_interrupted(out: Path) -> None:
+    """Set the status of the last saved snapshot to "interrupted" (the in-memory state may be
+    half-way through a segment; the snapshot is whole)."""
+    if (out / "trajectory.npz").is_file():
+        traj = load(out)
+        if traj.status == "running":
+            traj.status = "interrupted"
+            save(traj, out)
+
+
+_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json")
+
+
+def _remove_stale(out: Path) -> None:
+    """``overwrite``: remove the old run's files, its reports and its figures."""
+    import shutil
+
+    for name in _STALE:
+        (out / name).unlink(missing_ok=True)
+    if (out / "figures").is_dir():
+        shutil.rmtree(out / "figures")
+
+
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw) -> Trajectory:
     cfg = config
     dtype = cfg.estimator.jdtype
     out = None if out is None else Path(out)
@@ -341,9 +392,9 @@ def integrate(
         if out is None:
             raise ValueError("resume=True needs the run folder `out`")
         traj = load(out)
-        _check_resumable(traj.config, cfg)
+        check_resumable(traj, cfg)
     else:
-        if out is not None and (out / "run.json").exists() and not overwrite:
+        if out is not None and ((out / "run.json").exists() or (out / "trajectory.npz").exists()) and not overwrite:
             raise ValueError(
                 f"{str(out)!r} already holds a run: resume it (resume=True, `gflow run --resume`) "
                 "or pass overwrite=True (`--overwrite`)"
@@ -351,11 +402,14 @@ def integrate(
         if params0 is None:
             params0 = init_params(cfg.model, cfg.init, dtype=dtype)
         _check_params(params0, cfg)
+        if out is not None and overwrite:
+            _remove_stale(out)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
 
     if resume:
         traj.config = cfg
+        traj.status = "running"  # was "interrupted", "failed: …" or "complete"
         y = _params_from(traj, -1, dtype)
         t = float(traj.ts[-1])
         wall0 = traj.wall
@@ -411,16 +465,50 @@ def _stage_index(name: str) -> int:
     return {"I": 1, "II": 2, "III": 3, "joint": 0}[name]
 
 
-def _check_resumable(old: Config, new: Config) -> None:
-    a, b = old.to_dict(), new.to_dict()
-    for sec in ("data", "model", "init", "estimator"):
-        if a[sec] != b[sec]:
-            raise ValueError(f"cannot resume: [{sec}] differs from the saved run's ({a[sec]} != {b[sec]})")
-    for key in ("method",):
-        if a["solver"][key] != b["solver"][key]:
-            raise ValueError(f"cannot resume: solver.{key} differs from the saved run's")
-    if a["schedule"]["kind"] != b["schedule"]["kind"]:
-        raise ValueError("cannot resume: schedule.kind differs from the saved run's")
+# Settings that may differ on resume: they do not change the trajectory already saved.
+# (schedule.durations / t1 may grow, see check_resumable.) Every other key must be equal.
+_RESUME_FREE = {"solver.max_steps", "solver.progress", "schedule.durations", "schedule.t1"}
+
+
+def check_resumable(saved: Trajectory, new: Config) -> None:
+    """Refuse to resume ``saved`` with a configuration that would not have produced the trajectory
+    saved so far: ``ValueError`` naming the key and both values.
+
+    Every key must be equal except :data:`_RESUME_FREE`. Choices (extension; the paper does not
+    resume): a stage's duration may change only if the saved trajectory stays what the new duration
+    gives — a stage completed at its event may get any duration >= its length; the stage run last (or
+    running) may get a longer one (it is extended); an earlier stage completed at its duration must
+    keep it. The joint ``t1`` may only grow."""
+    a, b = saved.config.to_dict(), new.to_dict()
+    for sec in a:
+        for k in sorted(set(a[sec]) | set(b.get(sec, {}))):
+            key, va, vb = f"{sec}.{k}", a[sec].get(k), b.get(sec, {}).get(k)
+            if key not in _RESUME_FREE and va != vb:
+                raise ValueError(
+                    f"cannot resume: {key} = {vb!r} differs from the saved run's {va!r} (it defines the "
+                    "trajectory saved so far; use the saved value, or start a new run with --overwrite)"
+                )
+    if new.schedule.kind == "joint":
+        if new.schedule.t1 < saved.config.schedule.t1 and float(saved.ts[-1]) > new.schedule.t1:
+            raise ValueError(
+                f"cannot resume: schedule.t1 = {new.schedule.t1!r} is before the saved run's time "
+                f"{float(saved.ts[-1])!r} (saved with {saved.config.schedule.t1!r})"
+            )
+        return
+    old_d, new_d = saved.config.schedule.durations, new.schedule.durations
+    for i, (name, rec) in enumerate((r.name, r) for r in saved.stages):
+        j = ("I", "II", "III").index(name)
+        if new_d[j] == old_d[j]:
+            continue
+        last = rec is saved.stages[-1]
+        length = rec.t1 - rec.t0
+        fine = (rec.ended_by == "event" and new_d[j] >= length) or (last and new_d[j] > old_d[j])
+        if not fine:
+            raise ValueError(
+                f"cannot resume: schedule.durations[{j}] (Stage {name}) = {new_d[j]!r} differs from the saved "
+                f"run's {old_d[j]!r}, and Stage {name} ({rec.ended_by}, length {length:.6g}) would not be the "
+                "saved one: only the last stage run may be extended"
+            )
 
 
 def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *, stage_index: int) -> None:
@@ -632,6 +720,11 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
         vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=jnp.asarray(run.tag))
         sc = cfg.solver
         carry = _fresh_carry(dtype)
+        saved = traj.controller
+        if saved is not None and saved.get("stage") == run.name and saved.get("t") == run.t and not sc.is_gd:
+            # resumed mid-stage: continue with the controller state the interrupted run had here
+            leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
+            carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
         while run.running:
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = _solve_segment(
@@ -642,6 +735,10 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:
                 _append(traj, loss, *rows, stage_index=run.index)
+            # saved with the snapshot (settle saves): a resumed run continues with these very steps
+            t_now = float(rows[0][-1]) if rows is not None else run.t
+            traj.controller = {"stage": run.name, "t": t_now, "state": [np.asarray(x).item() for x in
+                               jax.tree.leaves(carry)]}  # fmt: skip
             run.settle(outcome)
 
 

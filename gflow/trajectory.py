@@ -3,13 +3,32 @@
 A run folder holds ``trajectory.npz`` (the arrays) and ``run.json`` (the
 resolved configuration, stages, solver statistics, versions, seed, status).
 :func:`load` reads both back into the same :class:`Trajectory`.
+
+**One consistent snapshot.** ``trajectory.npz`` also holds the whole of
+``run.json``'s content (its array ``meta``, a JSON string) and both carry the
+same ``generation`` (a counter bumped by every :func:`save`). The npz is
+written to a temporary name and renamed over the old one (one atomic
+rename), so it is always one whole snapshot; :func:`load` takes the metadata
+from it, never pairs arrays of one save with ``run.json`` of another. The
+separate ``run.json`` (written second, also by an atomic rename) is for
+people and tools; a process killed between the two renames leaves it one
+generation behind, which :func:`load` detects and ignores (the next save
+rewrites it).
+
+**One writer.** :func:`lock` takes an exclusive ``fcntl.flock`` on
+``DIR/.lock`` (non-blocking): a second process that wants to write the same
+folder fails at once with :class:`RunFolderError`. ``gflow run``, ``check``
+and ``plot`` hold it while they write; :func:`load` does not need it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +41,12 @@ _ARRAYS = (
     "ts", "stage", "w", "C", "a", "loss", "loss_se", "unseen",
     "grad_w", "grad_C", "grad_a", "grad_se_w", "grad_se_C", "grad_se_a", "grad_norm",
 )  # fmt: skip
+
+
+class RunFolderError(ValueError, FileNotFoundError):
+    """A run folder (or output location) that cannot be used: names the file and what is wrong.
+    A ``ValueError`` (the command line reports it as bad input, exit code 2), and a
+    ``FileNotFoundError`` as the error for a folder without a run always was."""
 
 
 @dataclasses.dataclass
@@ -61,8 +86,11 @@ class Trajectory:
     full gradient ``∇L̂`` (`grad_w`, `grad_C`, `grad_a`) and the Monte Carlo
     standard error of each component (`grad_se_*`); `grad_norm` ``‖∇L̂‖``.
     Plus `stages` (:class:`StageRecord`), the resolved `config`, `status`
-    (``"complete"``, ``"running"`` or ``"failed: …"``), `versions`, `seed`,
-    `wall` (seconds).
+    (``"complete"``, ``"running"``, ``"interrupted"`` or ``"failed: …"``),
+    `versions`, `seed`, `wall` (seconds); `generation`, the number of saves
+    so far; `controller`, the step-size controller's state after the last
+    saved solve (``{"stage", "t", "state"}``, so a resumed run continues with
+    the very steps an uninterrupted one takes), or ``None``.
     """
 
     ts: np.ndarray
@@ -85,6 +113,14 @@ class Trajectory:
     status: str = "running"
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     wall: float = 0.0
+    generation: int = 0
+    controller: dict | None = None
+
+    @property
+    def nonfinite(self) -> list[str]:
+        """The arrays holding a NaN or an infinity (``[]`` for a sound trajectory). The standard errors
+        are included: they are finite for every ``N >= 2``."""
+        return [k for k in _ARRAYS if not np.all(np.isfinite(getattr(self, k)))]
 
     # -- derived ------------------------------------------------------------
     @property
@@ -126,7 +162,7 @@ class Trajectory:
 
     # -- building ------------------------------------------------------------
     @classmethod
-    def empty(cls, config: Config, H: int, M: int, nS: int) -> "Trajectory":
+    def empty(cls, config: Config, H: int, M: int, nS: int) -> Trajectory:
         z = {
             "ts": (0,), "stage": (0,), "w": (0, H, M), "C": (0, nS), "a": (0,), "loss": (0,),
             "loss_se": (0,), "unseen": (0,), "grad_w": (0, H, M), "grad_C": (0, nS), "grad_a": (0,),
@@ -138,32 +174,43 @@ class Trajectory:
     def append(self, **arrays) -> None:
         """Append saved rows (every array of :data:`_ARRAYS`, leading axis = rows)."""
         for k in _ARRAYS:
-            setattr(self, k, np.concatenate([getattr(self, k), np.asarray(arrays[k], getattr(self, k).dtype)]))
+            setattr(
+                self, k, np.concatenate([getattr(self, k), np.asarray(arrays[k], getattr(self, k).dtype)])
+            )
 
     def state(self, i: int = -1) -> dict[str, np.ndarray]:
         """θ at saved index ``i``."""
         return {"w": self.w[i], "C": self.C[i], "a": self.a[i]}
 
 
-def save(traj: Trajectory, out: str | Path) -> Path:
-    """Write ``trajectory.npz`` and ``run.json`` into ``out`` (atomically: a
-    crash mid-write leaves the previous files intact)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "trajectory.tmp.npz"
-    np.savez(tmp, **{k: getattr(traj, k) for k in _ARRAYS})
-    os.replace(tmp, out / "trajectory.npz")
-    meta = {
+def _meta(traj: Trajectory) -> dict:
+    return {
         "status": traj.status,
+        "generation": traj.generation,
         "config": traj.config.to_dict(),
         "stages": [dataclasses.asdict(s) for s in traj.stages],
         "versions": traj.versions,
         "seed": traj.seed,
         "wall": traj.wall,
         "n_saved": len(traj.ts),
+        "controller": traj.controller,
     }
-    tmpj = out / "run.tmp.json"
-    tmpj.write_text(json.dumps(meta, indent=2, default=_json_default))
+
+
+def save(traj: Trajectory, out: str | Path) -> Path:
+    """Write ``trajectory.npz`` (arrays + metadata) and then ``run.json``
+    (metadata) into ``out``, each by an atomic rename, with ``traj.generation``
+    bumped: a crash mid-write leaves the previous snapshot intact (see the
+    module docstring). Temporary names carry the pid, so no two processes share one."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    traj.generation += 1
+    text = json.dumps(_meta(traj), indent=2, default=_json_default)
+    tmp = out / f".trajectory.{os.getpid()}.tmp.npz"
+    np.savez(tmp, **{k: getattr(traj, k) for k in _ARRAYS}, meta=np.array(text))
+    os.replace(tmp, out / "trajectory.npz")
+    tmpj = out / f".run.{os.getpid()}.tmp.json"
+    tmpj.write_text(text)
     os.replace(tmpj, out / "run.json")
     return out
 
@@ -176,21 +223,149 @@ def _json_default(x):
     raise TypeError(f"not JSON-serialisable: {type(x)}")
 
 
+def _bad(path: Path, what: str) -> RunFolderError:
+    return RunFolderError(f"{str(path)!r}: {what}")
+
+
 def load(out: str | Path) -> Trajectory:
-    """Read a run folder written by :func:`save`."""
+    """Read a run folder written by :func:`save`: one snapshot, from ``trajectory.npz``
+    (its embedded metadata; ``run.json`` only for folders written before it had them).
+
+    **Raises:** :class:`RunFolderError` naming the file and what is wrong: not a
+    folder, not a run (neither file), a missing file, a truncated or foreign
+    npz, an invalid ``run.json``, arrays of inconsistent lengths."""
     out = Path(out)
-    if not (out / "trajectory.npz").is_file() or not (out / "run.json").is_file():
-        raise FileNotFoundError(
-            f"{str(out)!r} holds no gflow run: expected trajectory.npz and run.json (written by `gflow run`)"
+    npz, js = out / "trajectory.npz", out / "run.json"
+    if not out.is_dir():
+        raise _bad(out, f"{'is a file' if out.exists() else 'does not exist'}: it holds no gflow run")
+    if not npz.is_file() and not js.is_file():
+        raise _bad(out, "holds no gflow run: expected trajectory.npz and run.json (written by `gflow run`)")
+    if not npz.is_file():
+        raise _bad(npz, "is missing (run.json is there): the run folder is incomplete")
+    try:
+        with np.load(npz, allow_pickle=False) as z:
+            missing = [k for k in _ARRAYS if k not in z.files]
+            if missing:
+                raise _bad(npz, f"is not a gflow trajectory: arrays {missing} are missing")
+            arrays = {k: np.asarray(z[k]) for k in _ARRAYS}
+            text = str(z["meta"][()]) if "meta" in z.files else None
+    except RunFolderError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+        raise _bad(npz, f"is unreadable (truncated or not an npz file): {type(e).__name__}: {e}") from None
+    if text is None:  # written before the metadata was embedded
+        if not js.is_file():
+            raise _bad(js, "is missing (trajectory.npz is there): the run folder is incomplete")
+        try:
+            text = js.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _bad(js, f"is unreadable: {e}") from None
+        where = js
+    else:
+        where = npz
+    try:
+        meta: dict[str, Any] = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _bad(where, f"holds invalid JSON metadata: {e}") from None
+    if not isinstance(meta, dict) or not {"status", "config", "stages"} <= set(meta):
+        raise _bad(where, "holds no gflow run metadata (keys status, config, stages)")
+    try:
+        config = from_dict(meta["config"])
+        stages = [StageRecord(**s) for s in meta["stages"]]
+    except (ValueError, TypeError) as e:
+        raise _bad(where, f"holds an invalid run configuration or stage list: {e}") from None
+    T = len(arrays["ts"])
+    bad = [k for k in _ARRAYS if arrays[k].ndim == 0 or len(arrays[k]) != T]
+    if bad or meta.get("n_saved", T) != T:
+        raise _bad(
+            npz, f"is inconsistent: {T} saved times, but arrays {bad} and n_saved = {meta.get('n_saved')}"
         )
-    meta: dict[str, Any] = json.loads((out / "run.json").read_text())
-    with np.load(out / "trajectory.npz") as z:
-        arrays = {k: z[k] for k in _ARRAYS}
     return Trajectory(
         **arrays,
-        stages=[StageRecord(**s) for s in meta["stages"]],
-        config=from_dict(meta["config"]),
+        stages=stages,
+        config=config,
         status=meta["status"],
-        versions=meta["versions"],
-        wall=meta["wall"],
+        versions=meta.get("versions", {}),
+        wall=meta.get("wall", 0.0),
+        generation=int(meta.get("generation", 0)),
+        controller=meta.get("controller"),
     )
+
+
+# ---------------------------------------------------------------------------
+# The lock, and the output location
+# ---------------------------------------------------------------------------
+
+_HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
+
+
+def check_output(out: str | Path) -> Path:
+    """Check, before any compute, that ``out`` can be a run folder: it is a folder or does not exist,
+    no part of its path is a file, and it (or its first existing parent) is writable. Creates it.
+
+    **Raises:** :class:`RunFolderError` naming the path and the problem."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise _bad(out, "is a file, not a folder: --out must name a folder")
+    p = out
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise _bad(out, f"lies under {str(p)!r}, which is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise _bad(p, "is not writable: cannot write the run there")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _bad(out, f"cannot be created: {e.strerror}") from None
+    return out
+
+
+@contextlib.contextmanager
+def lock(out: str | Path):
+    """Hold the exclusive lock of the run folder ``out`` (``fcntl.flock`` on ``out/.lock``,
+    non-blocking; the lock file records the holder's pid). Re-entrant within one process.
+    Creates the folder (:func:`check_output`).
+
+    **Raises:** :class:`RunFolderError` at once if another process holds it."""
+    out = check_output(out)
+    key = os.path.realpath(out)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield out
+        finally:
+            _HELD[key][1] -= 1
+        return
+    path = out / ".lock"
+    try:
+        f = open(path, "a+")  # noqa: SIM115 (held open for as long as the lock)
+    except OSError as e:
+        raise _bad(path, f"cannot be opened: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise _bad(
+            out,
+            f"is locked by another gflow process (pid {holder}) writing it; wait for it to end or use another folder",
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    for stale in [*out.glob(".trajectory.*.tmp.npz"), *out.glob(".run.*.tmp.json")]:
+        stale.unlink(missing_ok=True)  # left by a writer killed mid-save (no writer is alive now)
+    _HELD[key] = [f, 1]
+    try:
+        yield out
+    finally:
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            del _HELD[key]
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()

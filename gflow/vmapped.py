@@ -52,6 +52,7 @@ while they are stacked, and while each stage's loss is built):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -82,7 +83,7 @@ from .flow import (
 )
 from .loss import PopulationLoss, make_loss, resolve_layout
 from .model import Params, init_params
-from .trajectory import StageRecord, Trajectory, save
+from .trajectory import StageRecord, Trajectory, lock, save
 
 __all__ = ["integrate_batch", "sample_bytes"]
 
@@ -273,7 +274,15 @@ def _integrate_batch(configs, *, outs=None, overwrite=False, verbose=False):
             return [integrate(cfgs[0], out=outs[0], overwrite=overwrite, verbose=verbose)], [None]
         except FlowError as e:
             return [e.trajectory], [e]
+    with contextlib.ExitStack() as held:  # every replicate's folder locked for the whole batch
+        for o in outs:
+            if o is not None:
+                held.enter_context(lock(o))
+        return _integrate_batch_locked(cfgs, outs, verbose)
 
+
+def _integrate_batch_locked(cfgs, outs, verbose):
+    R = len(cfgs)
     cfg = cfgs[0]
     dtype = cfg.estimator.jdtype
     t_wall = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import gflow
@@ -92,3 +94,230 @@ def test_cli_reports_config_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown config key data.LL" in err
     assert not (tmp_path / "out").exists()  # raised before anything was computed
+
+
+# ---------------------------------------------------------------------------
+# Issue 13: every key type-checked; a table-driven sweep of bad configurations
+# ---------------------------------------------------------------------------
+
+# (TOML text, the key the error must name, a fragment of the value it must show)
+BAD_CONFIGS = [
+    # bools where numbers are expected (bool is not an int in gflow)
+    ("[estimator]\nN = true", "estimator.N", "True"),
+    ("[estimator]\nseed = false", "estimator.seed", "False"),
+    ("[estimator]\nchunk = true", "estimator.chunk", "True"),
+    ("[estimator]\neps = true", "estimator.eps", "True"),
+    ("[data]\nL = true", "data.L", "True"),
+    ("[data]\nd = true", "data.d", "True"),
+    ("[data]\nburn_in = true", "data.burn_in", "True"),
+    ("[data]\nalpha = false", "data.alpha", "False"),
+    ("[data]\nparents = [true, 2]", "data.parents", "True"),
+    ("[model]\nM = true", "model.M", "True"),
+    ("[model]\nH = false", "model.H", "False"),
+    ("[model]\nD = true", "model.D", "True"),
+    ("[init]\nc0 = true", "init.c0", "True"),
+    ("[init]\nw_plus = true", "init.w_plus", "True"),
+    ("[schedule]\ndelta = true", "schedule.delta", "True"),
+    ("[schedule]\nt1 = true", "schedule.t1", "True"),
+    ("[schedule]\ndurations = [true, 1, 1]", "schedule.durations", "True"),
+    ("[solver]\nrtol = true", "solver.rtol", "True"),
+    ("[solver]\natol = true", "solver.atol", "True"),
+    ("[solver]\nmax_steps = true", "solver.max_steps", "True"),
+    ("[solver]\nsave_per_decade = true", "solver.save_per_decade", "True"),
+    ("[solver]\neta = true", "solver.eta", "True"),
+    # floats where integers are expected (never truncated)
+    ("[data]\nparents = [1.7, 2.2]", "data.parents", "1.7"),
+    ("[data]\nL = 40.0", "data.L", "40.0"),
+    ("[data]\nd = 3.5", "data.d", "3.5"),
+    ("[data]\nburn_in = 1.0", "data.burn_in", "1.0"),
+    ("[model]\nM = 3.0", "model.M", "3.0"),
+    ("[model]\nH = 2.5", "model.H", "2.5"),
+    ("[model]\nD = 1.0", "model.D", "1.0"),
+    ("[estimator]\nN = 2000.0", "estimator.N", "2000.0"),
+    ("[estimator]\nN = 1e4", "estimator.N", "10000.0"),
+    ("[estimator]\nseed = 0.5", "estimator.seed", "0.5"),
+    ("[estimator]\nchunk = 10.0", "estimator.chunk", "10.0"),
+    ("[solver]\nmax_steps = 1e5", "solver.max_steps", "100000.0"),
+    ("[solver]\nsave_per_decade = 12.0", "solver.save_per_decade", "12.0"),
+    # strings where numbers are expected
+    ("[data]\nalpha = '0.1'", "data.alpha", "'0.1'"),
+    ("[data]\nL = '40'", "data.L", "'40'"),
+    ("[data]\nparents = ['a', 'b']", "data.parents", "'a'"),
+    ("[data]\nkernel = 'uniform'", "data.kernel", "'uniform'"),
+    ("[data]\nkernel = [[0.5, 'x']]", "data.kernel", "'x'"),
+    ("[estimator]\neps = '1e-6'", "estimator.eps", "'1e-6'"),
+    ("[estimator]\nN = '2000'", "estimator.N", "'2000'"),
+    ("[init]\nw_plus = 'big'", "init.w_plus", "'big'"),
+    ("[init]\nc0 = '0.01'", "init.c0", "'0.01'"),
+    ("[schedule]\ndelta = '0.01'", "schedule.delta", "'0.01'"),
+    ("[schedule]\nt1 = '1e6'", "schedule.t1", "'1e6'"),
+    ("[schedule]\ndurations = ['1e3', 1, 1]", "schedule.durations", "'1e3'"),
+    ("[schedule]\ndurations = 'long'", "schedule.durations", "'long'"),
+    ("[schedule]\neta_w = 'fast'", "schedule.eta_w", "'fast'"),
+    ("[solver]\nrtol = '1e-8'", "solver.rtol", "'1e-8'"),
+    ("[solver]\ntau_min = 'small'", "solver.tau_min", "'small'"),
+    # other wrong types
+    ("[solver]\nmethod = 5", "solver.method", "5"),
+    ("[solver]\nmethod = [1, 2, 3]", "solver.method", "[1, 2, 3]"),
+    ("[solver]\nprogress = 1", "solver.progress", "1"),
+    ("[schedule]\nevents = 'yes'", "schedule.events", "'yes'"),
+    ("[schedule]\nevents = 0", "schedule.events", "0"),
+    ("[estimator]\nshard = 'no'", "estimator.shard", "'no'"),
+    ("[estimator]\ndtype = 32", "estimator.dtype", "32"),
+    ("[estimator]\nloss = 1", "estimator.loss", "1"),
+    ("[estimator]\nlayout = false", "estimator.layout", "False"),
+    ("[model]\nnorm = 1", "model.norm", "1"),
+    ("[schedule]\nkind = true", "schedule.kind", "True"),
+    ("[data]\nstart = 0", "data.start", "0"),
+    ("[data]\nalpha = [0.1]", "data.alpha", "[0.1]"),
+    ("[estimator]\nN = [2000]", "estimator.N", "[2000]"),
+    ("[data]\nL = {x = 1}", "data.L", "{'x': 1}"),
+    # NaN and infinities
+    ("[data]\nalpha = nan", "data.alpha", "nan"),
+    ("[data]\nalpha = inf", "data.alpha", "inf"),
+    ("[estimator]\neps = nan", "estimator.eps", "nan"),
+    ("[init]\nc0 = inf", "init.c0", "inf"),
+    ("[init]\nw_minus = -inf", "init.w_minus", "-inf"),
+    ("[init]\na0 = nan", "init.a0", "nan"),
+    ("[schedule]\ndelta = nan", "schedule.delta", "nan"),
+    ("[schedule]\nt1 = inf", "schedule.t1", "inf"),
+    ("[schedule]\ndurations = [1e3, inf, 1e4]", "schedule.durations", "inf"),
+    ("[schedule]\neta_a = nan", "schedule.eta_a", "nan"),
+    ("[solver]\nrtol = nan", "solver.rtol", "nan"),
+    ("[solver]\neta = inf", "solver.eta", "inf"),
+    ("[data]\nkernel = [[nan, 1.0]]", "data.kernel", "nan"),
+    # out of range
+    ("[data]\nd = 1", "data.d", "1"),
+    ("[data]\nL = 1", "data.L", "1"),
+    ("[data]\nalpha = -0.1", "data.alpha", "-0.1"),
+    ("[data]\nparents = [0, 1]", "data.parents", "0"),
+    ("[data]\nburn_in = -1", "data.burn_in", "-1"),
+    ("[model]\nM = 0", "model.M", "0"),
+    ("[model]\nD = 5", "model.D", "5"),
+    ("[init]\nc0 = 0", "init.c0", "0"),
+    ("[init]\nc0 = 1e-200", "init.c0", "1e-200"),
+    ("[init]\nc0 = 1e300", "init.c0", "1e+300"),
+    ("[schedule]\ndelta = 1.5", "schedule.delta", "1.5"),
+    ("[schedule]\ndelta = 0", "schedule.delta", "0"),
+    ("[schedule]\ndurations = [1, 2]", "schedule.durations", "(1.0, 2.0)"),
+    ("[schedule]\ndurations = [1, -2, 3]", "schedule.durations", "-2.0"),
+    ("[schedule]\neta_C = -1", "schedule.eta_C", "-1"),
+    ("[schedule]\nt1 = 0", "schedule.t1", "0"),
+    ("[solver]\nrtol = -1e-8", "solver.rtol", "-1e-08"),
+    ("[solver]\nmax_steps = 0", "solver.max_steps", "0"),
+    ("[solver]\nmethod = 'rk4'", "solver.method", "'rk4'"),
+    ("[estimator]\nN = 0", "estimator.N", "0"),
+    ("[estimator]\nN = -5", "estimator.N", "-5"),
+    ("[estimator]\neps = -1e-6", "estimator.eps", "-1e-06"),
+    ("[estimator]\ndtype = 'float16'", "estimator.dtype", "'float16'"),
+    ("[estimator]\nlayout = 'rows'", "estimator.layout", "'rows'"),
+    # unknown keys and sections
+    ("[data]\nLL = 40", "data.LL", "data.LL"),
+    ("[estimator]\nn = 2000", "estimator.n", "estimator.n"),
+    ("[solver]\nRtol = 1e-8", "solver.Rtol", "solver.Rtol"),
+    ("[model]\nheads = 3", "model.heads", "model.heads"),
+    ("[dataa]\nL = 40", "'dataa'", "dataa"),
+    ("L = 40", "'L'", "L"),
+]
+
+
+def _bad_ids():
+    return [f"{i:03d}-{key}" for i, (_, key, _) in enumerate(BAD_CONFIGS)]
+
+
+def test_bad_config_table_is_large():
+    assert len(BAD_CONFIGS) >= 80
+    assert len({t for t, _, _ in BAD_CONFIGS}) == len(BAD_CONFIGS)
+
+
+@pytest.mark.parametrize("text, key, shown", BAD_CONFIGS, ids=_bad_ids())
+def test_bad_config_names_key_and_value(tmp_path, text, key, shown):
+    p = tmp_path / "bad.toml"
+    p.write_text(text + "\n")
+    with pytest.raises(ValueError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert key in msg and shown in msg and "\n" not in msg, msg
+
+
+def test_bad_configs_exit_2_before_any_compute(tmp_path, capsys, monkeypatch):
+    """All of BAD_CONFIGS through `gflow run`: exit 2, the key named, no sampling or integration
+    reached (both replaced by functions that fail the test), no output folder created."""
+    import gflow.flow
+    import gflow.loss
+
+    def boom(*a, **k):
+        raise AssertionError("compute reached")
+
+    monkeypatch.setattr(gflow.flow, "integrate", boom)
+    monkeypatch.setattr(gflow.flow, "make_loss", boom)
+    monkeypatch.setattr(gflow.loss, "make_loss", boom)
+    clean = 0
+    for i, (text, key, _) in enumerate(BAD_CONFIGS):
+        p = tmp_path / f"bad{i}.toml"
+        p.write_text(text + "\n")
+        out = tmp_path / f"out{i}"
+        rc = gflow.cli.main(["run", str(p), "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("gflow run: error:") and key in err, (text, rc, err)
+        assert not out.exists()
+        clean += 1
+    assert clean == len(BAD_CONFIGS)
+
+
+def test_bad_config_subprocess_sample(tmp_path):
+    """One real process: exit status 2 and a one-line message (no traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    p = tmp_path / "bad.toml"
+    p.write_text("[estimator]\nN = true\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(gflow.__file__).parents[1]), GFLOW_CACHE="none")
+    r = subprocess.run([sys.executable, "-m", "gflow", "run", str(p), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=env, timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "gflow run: error: estimator.N must be an integer (not a float or a bool), got True (bool)"
+    )
+
+
+def test_every_field_has_a_type():
+    """Adding a key to a section needs its line in config._KEY_TYPES."""
+    import dataclasses
+
+    from gflow.config import _KEY_TYPES, _SECTIONS
+
+    missing = [f"{s}.{f.name}" for s, cls in _SECTIONS.items() for f in dataclasses.fields(cls)
+               if f"{s}.{f.name}" not in _KEY_TYPES]  # fmt: skip
+    assert missing == []
+
+
+def test_binary_config_file_is_named(tmp_path):
+    p = tmp_path / "model.bin"
+    p.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"config file '.*model\.bin' is not a text \(UTF-8\) TOML file"):
+        load_config(p)
+
+
+def test_ints_of_float_keys_become_floats_and_good_values_pass(tmp_path):
+    c = from_dict({"data": {"alpha": 1}, "schedule": {"durations": [1, 2, 3]}, "init": {"c0": 1}})
+    assert type(c.data.alpha) is float and c.schedule.durations == (1.0, 2.0, 3.0) and c.init.c0 == 1.0
+    assert from_dict(Config().to_dict()) == Config()  # None kernel, lists, bools round-trip
+
+
+def test_small_N_warns(tmp_path, capsys, monkeypatch):
+    import gflow.flow
+
+    def stop(*a, **k):
+        raise ValueError("stopped before compute")
+
+    monkeypatch.setattr(gflow.flow, "integrate", stop)
+    p = tmp_path / "n10.toml"
+    p.write_text("[estimator]\nN = 10\n")
+    assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: estimator.N = 10 < 100" in err
+    p.write_text("[estimator]\nN = 100\n")
+    gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o2"), "--quiet"])
+    assert "warning" not in capsys.readouterr().err

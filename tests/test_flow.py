@@ -236,7 +236,7 @@ def test_resume_extends_stage3(small_run, tmp_path):
 
 def test_resume_refuses_other_data(small_run, tmp_path):
     _, out = small_run
-    with pytest.raises(ValueError, match=r"cannot resume: \[data\]"):
+    with pytest.raises(ValueError, match=r"cannot resume: data\.L = 31 differs from the saved run.s 40"):
         gflow.integrate(SMALL.replace(data={"L": 31}), out=out, resume=True)
 
 

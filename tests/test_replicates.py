@@ -238,7 +238,8 @@ def test_failed_replicate_is_kept(tmp_path):
     toml = tmp_path / "bad.toml"
     toml.write_text("[data]\nL = 20\n[estimator]\nN = 200\neps = 0.0\n[schedule]\ndurations = [2.0, 2.0, 2.0]\n"
                     "[solver]\nsave_per_decade = 3\ntau_min = 0.5\n")  # fmt: skip
-    assert main(["run", str(toml), "--out", str(tmp_path / "b"), "--replicates", "3", "--quiet"]) == 1
+    # exit 3: the integration failed
+    assert main(["run", str(toml), "--out", str(tmp_path / "b"), "--replicates", "3", "--quiet"]) == 3
 
 
 def test_cli_run_replicates_with_checks(tmp_path):
