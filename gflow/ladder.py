@@ -59,6 +59,7 @@ import numpy as np
 
 from .data import DataConfig, Sample
 from .loss import PopulationLoss, sequence_loss
+from .loss import _mean_se as _loss_mean_se
 from .model import CountFeatures, Params, PositionFeatures, subset_label
 from .theory import gih_counts, limit_loss, make_gih
 
@@ -103,8 +104,10 @@ def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
 
 
 def _mean_se(x: np.ndarray) -> tuple[float, float]:
-    n = x.shape[0]
-    return float(np.mean(x)), float(np.std(x, ddof=1 if n > 1 else 0) / math.sqrt(n))
+    """Mean and ``std/√N``, by the estimator's own reduction (so the flow
+    rung's mean is bit for bit the run's loss)."""
+    m, se = _loss_mean_se(jnp.asarray(x))
+    return float(m), float(se)
 
 
 def _f(x):
