@@ -44,3 +44,5 @@ from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
 from .replicates import run_replicates as run_replicates
 from .vmapped import integrate_batch as integrate_batch
+from .ladder import loss_ladder as loss_ladder
+from .evaluate import evaluate as evaluate
