@@ -76,10 +76,10 @@ def _check_eval_fields(traj: Trajectory, pairs: list[tuple[str, list]]) -> None:
         if sec in cfg and key in cfg[sec]:
             why = _WHY.get(field) or _WHY.get(sec, "")
             raise ValueError(
-                f"gflow eval: {field} cannot change ({why}; the run has {field} = {_show(cfg[sec][key])}, "
+                f"{field} cannot change ({why}; the run has {field} = {_show(cfg[sec][key])}, "
                 f"asked {', '.join(_show(v) for v in vals)}); eval can change only {_allowed()}"
             )
-        raise ValueError(f"gflow eval: unknown config field {field!r}; eval can change only {_allowed()}")
+        raise ValueError(f"unknown config field {field!r}; eval can change only {_allowed()}")
 
 
 def _pairs(params) -> list[tuple[str, list]]:
@@ -173,7 +173,7 @@ def evaluate(
     _check_eval_fields(traj, pairs)
     points = sweep_points(traj.config, pairs)  # validates every value before any compute
     if len(traj.ts) == 0:
-        raise ValueError("gflow eval: the run has no saved time (no trained parameters)")
+        raise ValueError("the run has no saved time (no trained parameters)")
     fields = [f for f, _ in pairs]
     cfg = traj.config
     theta = final_params(traj)

@@ -104,8 +104,8 @@ def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
 
 
 def _mean_se(x: np.ndarray) -> tuple[float, float]:
-    """Mean and ``std/√N``, by the estimator's own reduction (so the flow
-    rung's mean is bit for bit the run's loss)."""
+    """Mean and ``std/√N``, by the estimator's own reduction
+    (:func:`gflow.loss._mean_se`)."""
     m, se = _loss_mean_se(jnp.asarray(x))
     return float(m), float(se)
 

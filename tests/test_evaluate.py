@@ -18,12 +18,14 @@ def test_eval_at_the_training_configuration_reproduces_the_final_loss(small_run,
     L = traj.config.data.L
     res = evaluate(traj, [f"data.L={L}"], out=tmp_path, plot=False)
     row = res.rows[0]
-    assert row["loss"] == float(traj.loss[-1])  # bit for bit: the same sample, θ and reduction
+    # the same sample, θ and loss: equal to the last bit or two (the run's statistics are
+    # compiled for a block of saved times, so XLA may order the final sum differently)
+    assert abs(row["loss"] - float(traj.loss[-1])) <= 4 * np.spacing(float(traj.loss[-1]))
     assert row["loss_se"] == pytest.approx(float(traj.loss_se[-1]), rel=1e-12)
     assert row["unseen"] == pytest.approx(float(traj.unseen[-1]), rel=1e-12)
     # the ladder is the one of the run's own sample
-    np.testing.assert_array_equal(res.ladders[0].values["flow"], np.asarray(small_loss.per_sequence(
-        gflow.Params(w=traj.w[-1], C=traj.C[-1], a=traj.a[-1]))))  # fmt: skip
+    np.testing.assert_allclose(res.ladders[0].values["flow"], np.asarray(small_loss.per_sequence(
+        gflow.Params(w=traj.w[-1], C=traj.C[-1], a=traj.a[-1]))), rtol=1e-13)  # fmt: skip
     assert res.S == tuple(traj.stages[1].selected)
     with open(tmp_path / "eval.csv") as fh:
         rows = list(csv.DictReader(fh))
