@@ -573,10 +573,11 @@ _LADDER_LINES = {
 
 
 def _ladder_lines(ax, theory: dict | None) -> None:
-    """The loss ladder's rungs (README §M8.3; ``theory["ladder"]``, written by
-    :mod:`gflow.ladder`) as horizontal lines; the GIH rung is the limit-loss
-    line already drawn."""
-    rungs = {r["name"]: r for r in ((theory or {}).get("ladder") or {}).get("rungs", [])}
+    """The loss ladder's rungs (README §M8.3; the theory's ``ladder``, the dict
+    of :meth:`gflow.ladder.Ladder.to_json`) as horizontal lines; the GIH rung
+    is the limit-loss line already drawn."""
+    lad = theory.get("ladder") if isinstance(theory, dict) else getattr(theory, "ladder", None)
+    rungs = {r["name"]: r for r in (lad or {}).get("rungs", [])}
     for k, (lab, col, ls) in _LADDER_LINES.items():
         r = rungs.get(k)
         if r is not None and r.get("loss") is not None:

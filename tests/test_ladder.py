@@ -143,3 +143,20 @@ def test_ladder_order_on_the_test_sample(small_config, small_loss):
     fg = next(x for x in js["gaps"] if x["name"] == "flow − bayes")
     assert fg["gap"] == pytest.approx(lad.mean("flow") - lad.mean("bayes"), abs=1e-12)
     assert "Bayes" in format_ladder(js)
+
+
+def test_loss_figure_draws_the_ladder(small_run, small_config, small_loss):
+    """The loss figure's horizontal lines are the ladder's rungs (oracle, Bayes, unigram)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from gflow.plot import plot_loss
+
+    traj, _ = small_run
+    lad = loss_ladder(small_loss, small_config.data, S=(1, 2), a_gih=4.0).to_json()
+    fig = plot_loss(traj, {"ladder": lad})
+    lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
+    for name, word in (("oracle", "oracle"), ("bayes", "Bayes"), ("unigram", "unigram")):
+        ln = next(v for k, v in lines.items() if k.startswith(word))
+        want = next(r["loss"] for r in lad["rungs"] if r["name"] == name)
+        assert np.allclose(ln.get_ydata(), want)
