@@ -156,7 +156,7 @@ def test_loss_figure_draws_the_ladder(small_run, small_config, small_loss):
     lad = loss_ladder(small_loss, small_config.data, S=(1, 2), a_gih=4.0).to_json()
     fig = plot_loss(traj, {"ladder": lad})
     lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
-    for name, word in (("oracle", "oracle"), ("bayes", "Bayes"), ("unigram", "unigram")):
+    for name, word in (("oracle", "oracle"), ("bayes", "Bayes"), ("unigram", "context unigram")):
         ln = next(v for k, v in lines.items() if k.startswith(word))
         want = next(r["loss"] for r in lad["rungs"] if r["name"] == name)
         assert np.allclose(ln.get_ydata(), want)
