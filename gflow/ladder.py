@@ -110,6 +110,12 @@ def _score(p, cond, eps, kind: str):
     return jax.vmap(lambda pp, c: sequence_loss(pp, c, eps, kind))(p, cond)
 
 
+@jax.jit
+def _entropy(cond):
+    """``H(π(·|z_q)) = −Σ_e π log π`` per sequence (``0 log 0 = 0``)."""
+    return -jnp.sum(jnp.where(cond > 0, cond * jnp.log(jnp.where(cond > 0, cond, 1.0)), 0.0), -1)
+
+
 @eqx.filter_jit
 def _gih_mean_losses(gih, a_grid):
     return jax.lax.map(gih.loss, a_grid)
@@ -258,7 +264,7 @@ def loss_ladder(
 
     values: dict[str, np.ndarray] = {}
     values["oracle"] = np.asarray(score(cond, cond))
-    ent = np.asarray(-jnp.sum(jnp.where(cond > 0, cond * jnp.log(jnp.where(cond > 0, cond, 1.0)), 0.0), -1))
+    ent = np.asarray(_entropy(cond))
 
     src = sample if sample is not None else loss.feats
     n = bayes_counts(src, data.parents)
