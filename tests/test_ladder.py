@@ -160,3 +160,18 @@ def test_loss_figure_draws_the_ladder(small_run, small_config, small_loss):
         ln = next(v for k, v in lines.items() if k.startswith(word))
         want = next(r["loss"] for r in lad["rungs"] if r["name"] == name)
         assert np.allclose(ln.get_ydata(), want)
+
+
+def test_gih_argmin_matches_the_theorys_infimum(small_config, small_loss):
+    """The ladder's own a (two 61-point grids) gives the theory's refined
+    inf_a L_GIH to second order in the grid step, and the default ladder uses it."""
+    from gflow.ladder import gih_argmin
+    from gflow.theory import limit_loss, make_gih
+
+    g = make_gih(small_loss, (1, 2))
+    ref = limit_loss(g)
+    a = gih_argmin(g)
+    assert abs(a - ref["a"]) <= 30.0 / 60**2
+    assert -1e-12 <= float(g.loss(a)) - ref["loss"] < 1e-6
+    lad = loss_ladder(small_loss, small_config.data, S=(1, 2))
+    assert lad.a_gih == a
