@@ -1,4 +1,4 @@
-"""Tests of gflow.checks (SPEC §6, §7): the check report of a real staged flow
+"""Tests of gflow.checks (README §M6, §M7, §M8.1): the check report of a real staged flow
 (every non-informational prediction passes; a deliberately wrong prediction
 fails), the report files, the fitting routines against closed forms, and the
 error path of check_run."""
