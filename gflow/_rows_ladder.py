@@ -16,7 +16,7 @@ def _rows_ladder(ctx: _Ctx) -> None:
     set at the theory's ``argmin_a L_GIH``, the context unigram, the flow at
     the run's last saved time.
 
-    - ``Bayes − oracle ≥ 0`` (exact, ``loss="log"``): ``π(·|z_q)`` has the
+    - ``Bayes − oracle ≥ 0`` (finite: on the run's sample, ``loss="log"``): ``π(·|z_q)`` has the
       least expected log loss of any predictor of ``x_{L+1}`` from ``X`` (a
       proper scoring rule), up to ``2dε`` for the ε inside the log; tolerance
       ``k_se`` paired SE + ``2dε``. Wrong answer: Bayes below the oracle by
@@ -43,7 +43,7 @@ def _rows_ladder(ctx: _Ctx) -> None:
     ctx.add(
         decided_row(
             "ladder: Bayes − oracle ≥ 0 (the oracle is the floor)", 0.0, g, tol,
-            claim="exact", rule=("ge", -tol), wrong=-(abs(g) + 2 * tol), why_not=why,
+            claim="finite", rule=("ge", -tol), wrong=-(abs(g) + 2 * tol), why_not=why,
         )
     )  # fmt: skip
     names = [k for k in RUNGS if k in lad.values]

@@ -145,21 +145,38 @@ def test_ladder_order_on_the_test_sample(small_config, small_loss):
     assert "Bayes" in format_ladder(js)
 
 
-def test_loss_figure_draws_the_ladder(small_run, small_config, small_loss):
-    """The loss figure's horizontal lines are the ladder's rungs (oracle, Bayes, unigram)."""
+def test_ladder_in_theory_check_report_and_loss_figure(small_run, small_config, small_loss):
+    """The theory carries the ladder (its GIH rung is the law's limit loss),
+    through JSON and its text; the check report has its rows; the loss figure
+    draws the oracle, Bayes and unigram rungs."""
     import matplotlib
 
     matplotlib.use("Agg")
     from gflow.plot import plot_loss
+    from gflow.theory import Theory
 
+    c = small_config
     traj, _ = small_run
-    lad = loss_ladder(small_loss, small_config.data, S=(1, 2), a_gih=4.0).to_json()
-    fig = plot_loss(traj, {"ladder": lad})
+    th = gflow.theory_report(c.data, c.model, c.estimator, c.init, n_pi=50, loss=small_loss)
+    lad = th.ladder
+    rungs = {r["name"]: r for r in lad["rungs"]}
+    assert list(rungs) == ["oracle", "bayes", "gih", "unigram"]
+    assert rungs["gih"]["loss"] == pytest.approx(th.laws[th.S_star].limit_loss, abs=1e-12)
+    assert rungs["unigram"]["loss"] == pytest.approx(float(th.laws[th.S_star].L[0]), abs=1e-12)
+    assert Theory.from_json(th.to_json()).ladder == lad
+    assert "Bayes   Dirichlet posterior predictive" in gflow.format_theory(th)
+
+    rep = gflow.check(traj, theory=th, loss=small_loss)
+    row = rep.row("ladder: Bayes − oracle ≥ 0 (the oracle is the floor)")
+    assert row.passed is True and row.claim == "finite"
+    info = rep.row("ladder: flow − bayes")
+    assert info.passed is None and info.measured > 0
+
+    fig = plot_loss(traj, th)
     lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
     for name, word in (("oracle", "oracle"), ("bayes", "Bayes"), ("unigram", "context unigram")):
         ln = next(v for k, v in lines.items() if k.startswith(word))
-        want = next(r["loss"] for r in lad["rungs"] if r["name"] == name)
-        assert np.allclose(ln.get_ydata(), want)
+        assert np.allclose(ln.get_ydata(), rungs[name]["loss"])
 
 
 def test_gih_argmin_matches_the_theorys_infimum(small_config, small_loss):
