@@ -36,12 +36,14 @@ from .checks import check as check
 from .checks import check_run as check_run
 from .config import Config as Config
 from .config import load_config as load_config
+from .evaluate import evaluate as evaluate
 from .flow import FlowError as FlowError
 from .flow import integrate as integrate
+from .ladder import loss_ladder as loss_ladder
+from .replicates import run_replicates as run_replicates
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
 from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
-from .replicates import run_replicates as run_replicates
 from .vmapped import integrate_batch as integrate_batch

@@ -309,6 +309,8 @@ class Theory:
     - `coverage`: ``{law name: {option: covered values}}`` (README §M8.7;
       :data:`LAW_COVERAGE`).
     - `notes`, `timing`.
+    - `ladder`: the loss ladder of the sample without a flow rung (README §M8.3;
+      :meth:`gflow.ladder.Ladder.to_json`), or ``None``.
     """
 
     config: dict
@@ -324,6 +326,7 @@ class Theory:
     coverage: dict = dataclasses.field(default_factory=lambda: {k: dict(v) for k, v in LAW_COVERAGE.items()})
     notes: tuple[str, ...] = ()
     timing: dict = dataclasses.field(default_factory=dict)
+    ladder: dict | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -382,7 +385,7 @@ class Theory:
         ``mi`` (the Ĩ ranking), ``stage1`` (J, its SEs, the predicted rates and
         the Stage I duration), ``stage3`` (the GIH law of S*), ``laws`` (label →
         GIH law of every set computed), ``S_star``, ``argmax_J``, ``coverage``,
-        ``notes``, ``timing``. Non-finite numbers are ``None``."""
+        ``notes``, ``timing``, ``ladder``. Non-finite numbers are ``None``."""
         rk, rt, sets = self.ranking, self.rates, self.sets
         ranking = []
         for pos, i in enumerate(rk.order):
@@ -459,6 +462,7 @@ class Theory:
             "coverage": {k_: {o: list(v) for o, v in c.items()} for k_, c in self.coverage.items()},
             "notes": list(self.notes),
             "timing": dict(self.timing),
+            "ladder": self.ladder,
         }
 
     @classmethod
@@ -511,6 +515,7 @@ class Theory:
                 coverage=coverage,
                 notes=tuple(d.get("notes") or ()),
                 timing=dict(d.get("timing") or {}),
+                ladder=d.get("ladder"),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a gflow theory (as Theory.to_json writes it): missing or bad {e}") from e

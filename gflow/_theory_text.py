@@ -80,6 +80,11 @@ def format_theory(theory) -> str:
     order = [mi["S_star_label"]] + [k for k in laws if k != mi["S_star_label"]]
     for k in order:
         out.extend(_law_lines(laws[k], "S*" if k == mi["S_star_label"] else "argmax J / selected"))
+    if report.get("ladder"):
+        from .ladder import format_ladder
+
+        out.append("")
+        out.append("§M8.3 " + format_ladder(report["ladder"]))
     if report.get("notes"):
         out.append("")
         out.extend(f"note: {n_}" for n_ in report["notes"])

@@ -8,6 +8,9 @@
 - ``gflow check DIR``: compare a saved run with the theory; writes
   ``report.json`` and ``report.md`` into DIR and prints the table.
 - ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
+- ``gflow eval DIR --param data.L=25,50,100 [--param …]``: the run's final
+  parameters on other data configurations, with the loss ladder of each
+  (:mod:`gflow.evaluate`); writes ``eval.csv``, ``eval.json``, ``eval.png``.
 - ``gflow run [CONFIG] --out DIR --replicates R``: R independent Monte Carlo
   replicates (``estimator.seed = seed + r``) into ``DIR/rep000``, …, with
   their trajectory bands and the spread of the check rows
@@ -92,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-check", action="store_true", help="skip the check reports (no theory columns)")
     sw.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
     sw.add_argument("--quiet", action="store_true")
+
+    _eval_parser(sub)
 
     pl = sub.add_parser("plot", help="draw the figures of a saved run")
     pl.add_argument("dir")
@@ -219,6 +224,32 @@ def _cmd_sweep(args) -> int:
 def _cmd_plot(args) -> int:
     d = Path(args.dir)
     _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
+    return EXIT_OK
+
+
+def _eval_parser(sub) -> None:
+    """``gflow eval RUN --param data.L=25,50,100 [--param …] [--out DIR]``."""
+    e = sub.add_parser("eval", help="evaluate a run's final parameters on other data configurations, with the loss ladder")
+    e.add_argument("dir", help="a run folder")
+    e.add_argument(
+        "--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
+        help="a data field (data.L, data.alpha, data.parents, data.start, data.burn_in, data.kernel) or "
+        "estimator.N / estimator.seed / estimator.chunk, and its values; repeat for a cross product",
+    )  # fmt: skip
+    e.add_argument("--out", help="output folder for eval.csv, eval.json, eval.png (default DIR/eval)")
+    e.add_argument("--no-plot", action="store_true", help="skip the figure")
+    e.add_argument("--quiet", action="store_true")
+
+
+def _cmd_eval(args) -> int:
+    from .evaluate import evaluate
+
+    res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
+                   verbose=not args.quiet)  # fmt: skip
+    if not args.quiet:
+        print(res.table())
+        print(f"  run's final loss {res.run_loss:.6f}; {len(res.rows)} configurations in {res.wall:.1f} s; "
+              f"{', '.join(str(f) for f in res.files)}")  # fmt: skip
     return EXIT_OK
 
 

@@ -574,13 +574,34 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
 # ---------------------------------------------------------------------------
 
 
+_LADDER_LINES = {
+    "oracle": ("oracle E H(π(·|z_q))", "0.35", ":"),
+    "bayes": ("Bayes (Dirichlet predictive)", "tab:green", (0, (5, 2))),
+    "unigram": ("context unigram (GIH at a = 0)", "tab:purple", (0, (1, 1))),
+}
+
+
+def _ladder_lines(ax, theory) -> None:
+    """The loss ladder's rungs (README §M8.3; the theory's ``ladder``, the dict
+    of :meth:`gflow.ladder.Ladder.to_json`) as horizontal lines; the GIH rung
+    is the limit-loss line already drawn."""
+    lad = theory.get("ladder") if isinstance(theory, dict) else getattr(theory, "ladder", None)
+    rungs = {r["name"]: r for r in (lad or {}).get("rungs", [])}
+    for k, (lab, col, ls) in _LADDER_LINES.items():
+        r = rungs.get(k)
+        if r is not None and r.get("loss") is not None:
+            ax.axhline(r["loss"], color=col, ls=ls, lw=1.2, label=f"{lab} = {r['loss']:.4g} ± {r['se'] or 0:.2g}")
+
+
 def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None, stages=None, compact: bool = False):
     """The loss ``L̂`` with its ±1 SE band against ``log τ``, one panel per stage
     (shared y axis; `stages` selects them; see the module's note on time axes),
     with the GIH's limit loss ``inf_a L_GIH`` and its SE as a horizontal line in
     every panel (SPEC §6.5), in the stage where ``a`` moves the GIH's loss
     ``L_GIH(a(τ))`` along the measured ``a``, and each stage's change of loss
-    ``ΔL`` (from the previous stage's last state) in its panel's title."""
+    ``ΔL`` (from the previous stage's last state) in its panel's title; with
+    ``theory["ladder"]``, the oracle, Bayes and unigram rungs as further
+    horizontal lines (README §M8.3)."""
     segs = _segments(traj, stages)
     fig = _new_figure(_SIZE_STAGES) if fig is None else fig
     axes = _stage_axes(fig, segs, 0.4 if compact else 0.3)
@@ -603,6 +624,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
                 lw=1.3,
                 label=rf"GIH limit $\inf_a L_{{\rm GIH}}$ = {lim:.4g} ± {lse:.2g} (at {where})",
             )
+        _ladder_lines(ax, theory)
         if s3 is not None and seg.rec.name in ("III", "joint"):
             ag, Lg = s3.a, s3.L
             aa = traj.a[idx]

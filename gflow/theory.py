@@ -484,6 +484,9 @@ def theory_report(
     - the GIH law (:func:`stage3_law` on ``[0, a_max]``, `n_grid` points) of ``S*``, of
       ``argmax J`` and of `S` if given, on the same sample.
 
+    - the loss ladder of the sample (README §M8.3: oracle, Bayes, the GIH of ``S*``
+      at its best a, the context unigram; :func:`gflow.ladder.loss_ladder`).
+
     :meth:`Theory.to_json` is the JSON form (``theory.json``, ``gflow theory --json``).
     """
     t0 = time.perf_counter()
@@ -517,6 +520,7 @@ def theory_report(
         data_cfg, model_cfg, estimator_cfg, init_cfg, n_pi=rank.n_pi, pi_seed=pi_seed, eta_C=eta_C, delta=delta
     )
     key["n_pi_asked"] = int(n_pi)
+    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star])
     return Theory(
         config=key,
         sets=sets,
@@ -530,7 +534,20 @@ def theory_report(
         laws=laws,
         notes=_notes(rank, laws, model_cfg, data_cfg, duration),
         timing={"mi_s": t1 - t0, "stage1_s": t2 - t1, "stage3_s": t3 - t2, "total_s": t3 - t0},
+        ladder=ladder,
     )
+
+
+def _ladder(loss, data_cfg, S, law) -> dict | None:
+    """The loss ladder of the sample (README §M8.3; :mod:`gflow.ladder`), the GIH
+    rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
+    tokens (parents beyond the counts layout's window)."""
+    from .ladder import loss_ladder
+
+    try:
+        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit).to_json()
+    except ValueError:
+        return None
 
 
 def selected_set(traj) -> tuple[int, ...] | None:
