@@ -15,7 +15,8 @@ before anything is computed — one code path with ``gflow sweep``):
   sample at the run's initial ``w``, ``argmax_J``, its gap and paired SE,
   ``J_uncertain`` (within 3 paired SE); ``rankings_agree`` (``S_star ==
   argmax_J``); the predicted Stage I duration ``stage1_duration`` (the
-  linearised Stage I solved exactly, see :func:`stage1_duration`);
+  linearised Stage I solved exactly,
+  :func:`gflow.theory.predicted_stage1_duration`; README §M8.1);
 - **the selected set's Stage III law** (README §M6.4, §M6.5): theory-only, the
   selected set is predicted to be ``argmax_J`` (the flow's Stage I follows J,
   not Ĩ), and ``C_star``, the window, ``a_star`` and ``limit_loss`` are the
@@ -85,7 +86,6 @@ __all__ = [
     "plot_phase",
     "point_theory",
     "run_phase",
-    "stage1_duration",
 ]
 
 THEORY_COLUMNS = (
@@ -130,58 +130,6 @@ def phase_grid(config: Config, params) -> tuple[list[str], list[tuple[dict[str, 
 # ---------------------------------------------------------------------------
 
 
-def stage1_duration(J, C0, a0: float, *, rate: float = 1.0, delta: float = 0.01) -> float:
-    """The linearised Stage I solved exactly (README §M6.2; gflow's own finite-size law).
-
-    With ``a = a₀`` and ``w`` frozen (the staged schedule's Stage I) and
-    ``‖C‖`` conserved, ``d/dt log(c_S/c_S') = 4 a₀ Λ_C (J(S) − J(S'))/‖C‖²``
-    (:func:`gflow.theory.dlogc_dt`): the log-ratios grow linearly, so
-    ``c(t)/Σc = softmax(log c(0) + r t)`` with ``r = 4 a₀ Λ_C J/‖C‖²``,
-    ``c = C²``. Returns the first ``t`` at which ``max_S c_S/Σc`` reaches
-    ``1 − δ`` (Stage I's event), found by bisection to relative ``1e-12``
-    on ``log Σ_{S≠S₁} e^{l_S − l_{S₁}} = log(δ/(1−δ))`` (monotone decreasing
-    in t, ``S₁ = argmax r``); 0 if it holds at ``t = 0``; ``math.inf`` if the
-    top rate is not unique (or ``a₀ Λ_C ≤ 0``).
-    """
-    J = np.asarray(J, np.float64)
-    C0 = np.asarray(C0, np.float64)
-    c0 = C0**2
-    l0 = np.log(c0)
-    p0 = c0 / c0.sum()
-    if p0.max() >= 1.0 - delta:
-        return 0.0
-    r = 4.0 * float(a0) * float(rate) * J / float(c0.sum())
-    if J.size < 2:
-        return 0.0
-    order = np.argsort(-r, kind="stable")
-    i = int(order[0])
-    if not r[i] > r[int(order[1])]:
-        return math.inf
-    others = np.arange(J.size) != i
-    dl, dr = l0[others] - l0[i], r[others] - r[i]  # dr < 0
-    target = math.log(delta / (1.0 - delta))
-
-    def g(t):
-        x = dl + dr * t
-        m = x.max()
-        return m + math.log(np.exp(x - m).sum()) - target
-
-    lo, hi = 0.0, 1.0
-    while g(hi) > 0:
-        lo, hi = hi, 2.0 * hi
-        if hi > 1e300:
-            return math.inf
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if g(mid) > 0:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
-    return 0.5 * (lo + hi)
-
-
 def _key(*parts) -> str:
     return json.dumps(parts, sort_keys=True, default=str)
 
@@ -197,9 +145,15 @@ class _Cache:
         self.law: dict[str, Any] = {}
 
 
-def _law_numbers(law) -> dict[str, Any]:
-    from .theory import _f
+def _f(x) -> float | None:
+    """A JSON-safe float (``None`` for ``None`` and non-finite values), as in ``theory.json``."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
 
+
+def _law_numbers(law) -> dict[str, Any]:
     return {
         "C_star": _f(law.C_star),
         "window_lo": _f(law.window[0]),
@@ -215,7 +169,9 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     The same computations as :func:`gflow.theory.theory_report` (so the same
     numbers as ``gflow theory``): the Ĩ ranking over `n_pi` kernels (key
     ``jax.random.key(pi_seed)``), ``J`` on ``make_loss(data, model,
-    estimator)`` at the initial ``w``, and the Stage III law
+    estimator)`` at the initial ``w``, the linearised Stage I's duration
+    (:func:`gflow.theory.predicted_stage1_duration` with the schedule's
+    ``eta_C`` and ``delta``), and the Stage III law
     (``stage3_law(make_gih(loss, S))``, default grid) of ``S = argmax J`` —
     the set the flow's Stage I is predicted to select at finite size — and,
     when different, of ``S_star``. Uncertain: the top two within 3 paired SE,
@@ -226,7 +182,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
 
     from .loss import make_loss
     from .model import init_params
-    from .theory import _f, make_gih, modified_chi2_ranking, stage1_rates, stage3_law
+    from .theory import make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
 
     cache = cache or _Cache()
     dd = cfg.to_dict()
@@ -268,7 +224,8 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     law = law_of(S_J)
     star = law if S_J == rank.S_star else law_of(rank.S_star)
     sch = cfg.schedule
-    dur = stage1_duration(J, np.asarray(params.C), float(cfg.init.a0), rate=sch.eta_C, delta=sch.delta)
+    C0 = np.asarray(params.C, np.float64)
+    dur = predicted_stage1_duration(J, C0**2, float(cfg.init.a0), sch.delta, eta_C=sch.eta_C, sets=sets).t
     return {
         "S_star": subset_label(rank.S_star),
         "Itilde_gap": _f(rank.gap),
@@ -310,20 +267,20 @@ def _half_loss_time(ts, loss) -> float | None:
 
 def point_flow(traj, report: dict | None) -> dict[str, Any]:
     """The flow columns (:data:`FLOW_COLUMNS`) of an integrated point: the set
-    Stage I selected (argmax c/Σc at its end, :func:`gflow.sweep.headline`),
-    the Stage I and II durations when they ended at their events, ``a`` and
-    the loss at the end, the joint schedule's half-loss time, and the check
-    report's verdicts (``verdict.gflow``/``verdict.paper`` when the report has
-    them, else ``pass``/``fail`` from its ``passed`` and no paper verdict)."""
+    Stage I selected (:func:`gflow.theory.selected_set`), the Stage I and II
+    durations when they ended at their events, ``a`` and the loss at the end
+    (:func:`gflow.sweep.headline`), the joint schedule's half-loss time, and
+    the check report's ``verdict.gflow`` and ``verdict.paper``."""
+    from .theory import selected_set
+
     h = headline(traj, report)
     ev = {st.name: (st.t1 - st.t0 if st.ended_by == "event" else None) for st in traj.stages}
     joint = any(st.name == "joint" for st in traj.stages)
     v = (report or {}).get("verdict") or {}
-    if not v and report is not None:
-        v = {"gflow": "pass" if report.get("passed") else "fail"}
+    S = selected_set(traj)
     return {
         "status": traj.status,
-        "selected": h["S_measured"],
+        "selected": None if S is None else subset_label(S),
         "t_event_I": ev.get("I"),
         "t_event_II": ev.get("II"),
         "a_end": h["a_end"],
