@@ -35,9 +35,11 @@ which the loss has fallen halfway from its initial to its final value.
 
 **Cost.** Points that share the data's prior and the model reuse one Ĩ
 ranking; points that share the sample (data, model, estimator) reuse one
-sample and one Stage III law per set; ``w₊``, ``w₋``, ``c₀``, ``a₀`` and
-(with the counts layout, the default for d = 3) ``L`` leave every array shape
-unchanged, so such points reuse one compilation.
+sample and one Stage III law per set; the initialisation (``w₊``, ``w₋``,
+``c₀``, ``a₀``) enters as arrays, so such points reuse one compilation and
+pay only ``J``. Every data field is static to the sampler's compilation
+(``L`` changes its shapes; ``α``, ``d``, the parents are compile-time
+constants of ``gflow.data``): each new value compiles the sampler once.
 
 **Outputs** in DIR: ``points/<k>.json`` (one per finished point: what makes
 a grid resumable — an interrupted grid recomputes only the missing points,
