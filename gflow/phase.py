@@ -100,6 +100,9 @@ FLOW_COLUMNS = (
     "verdict_gflow", "verdict_paper", "checks_failed",
 )  # fmt: skip
 
+# Samples kept between points (a grid with L varying fastest revisits each
+# sample once per value of the slow field); ~20 MB each at N = 10⁴, d = 3.
+_SAMPLES_KEPT = 12
 # Two rankings' top two within this many paired SEs: uncertain (README §M6.1).
 _UNCERTAIN_SE = 3.0
 _TIE_RTOL = 1e-9
@@ -137,9 +140,9 @@ def _key(*parts) -> str:
 
 
 class _Cache:
-    """What consecutive points share: Ĩ rankings (by prior and 𝒮), samples
-    (by data, model and estimator; the last two kept) and Stage III laws (by
-    sample and set)."""
+    """What points share: Ĩ rankings (by prior and 𝒮), samples (by data,
+    model and estimator; the last ``_SAMPLES_KEPT`` used) and Stage III laws
+    (by sample and set)."""
 
     def __init__(self):
         self.ranking: dict[str, Any] = {}
@@ -197,7 +200,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
 
     lk = _key(dd["data"], dd["model"], dd["estimator"])
     if lk not in cache.loss:
-        while len(cache.loss) >= 2:
+        while len(cache.loss) >= _SAMPLES_KEPT:
             cache.loss.popitem(last=False)
         cache.loss[lk] = make_loss(cfg.data, cfg.model, cfg.estimator)
     loss = cache.loss[lk]
