@@ -202,6 +202,9 @@ def test_flow_columns(tmp_path):
         st1 = next(s for s in tr.stages if s.name == "I")
         assert st1.ended_by == "event" and r["t_event_I"] == st1.t1 - st1.t0
         assert r["t_event_I"] == pytest.approx(r["stage1_duration"], rel=0.02)
-        assert r["verdict_gflow"] == "pass" and r["a_end"] == float(tr.a[-1])
+        rep = json.loads((d / "report.json").read_text())
+        assert (r["verdict_gflow"], r["verdict_paper"]) == (rep["verdict"]["gflow"], rep["verdict"]["paper"])
+        assert r["a_end"] == float(tr.a[-1])
         # the paper's verdict fails exactly where its criterion picks another set
         assert r["verdict_paper"] == ("pass" if r["S_star"] == r["selected"] else "fail")
+    assert res.rows[1]["verdict_gflow"] == "pass"  # w₊ = 3: gflow agrees with its own theory
