@@ -19,6 +19,9 @@
 - ``gflow sweep [CONFIG] --param data.L=50,100,200 [--param …] --out DIR``:
   one run per point of the cross product, and ``DIR/sweep.csv`` with the
   headline results (:mod:`gflow.sweep`).
+- ``gflow phase [CONFIG] --param F=VALUES [--param G=VALUES] --out DIR
+  [--flow] [--shard k/n]``: a phase diagram of the theory (and the flow) over
+  a grid; ``gflow phase-merge DIR… --out DIR`` joins shards (:mod:`gflow.phase`).
 
 Exit codes (every command): :data:`EXIT_OK` 0 done (for ``run``/``check``:
 the report's gflow verdict passes; the paper's may fail, that is a result);
@@ -97,12 +100,58 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true")
 
     _eval_parser(sub)
+    _phase_parsers(sub)
 
     pl = sub.add_parser("plot", help="draw the figures of a saved run")
     pl.add_argument("dir")
     pl.add_argument("--out", help="figure folder (default DIR/figures)")
     pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"))
     return p
+
+
+def _phase_parsers(sub) -> None:
+    """``gflow phase`` and ``gflow phase-merge`` (:mod:`gflow.phase`)."""
+    ph = sub.add_parser("phase", help="phase diagram: the theory (and with --flow the flow) over a 1-d or 2-d grid")
+    ph.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
+    ph.add_argument(
+        "--param", action="append", required=True, metavar="SECTION.KEY=VALUES",
+        help="a grid axis (one or two): comma/semicolon-separated TOML values (data.parents=[1,2];[1,3]), "
+        "lin:a:b:n or log:a:b:n (init.w_plus=log:1:10:10)",
+    )  # fmt: skip
+    ph.add_argument("--out", required=True, help="output folder (phase.csv, phase.json, points/, figures/)")
+    ph.add_argument("--flow", action="store_true", help="also integrate and check every point (runs/)")
+    ph.add_argument("--shard", metavar="K/N", help="compute only the K-th of N disjoint subsets of the points")
+    ph.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
+    ph.add_argument("--overwrite", action="store_true", help="discard the points already in --out")
+    ph.add_argument("--no-plot", action="store_true", help="skip the figures")
+    ph.add_argument("--quiet", action="store_true")
+    pm = sub.add_parser("phase-merge", help="join the finished shards of a phase grid into one phase.csv")
+    pm.add_argument("dirs", nargs="+", help="the shards' folders (or one shared folder)")
+    pm.add_argument("--out", required=True, help="output folder")
+    pm.add_argument("--no-plot", action="store_true", help="skip the figures")
+
+
+def _cmd_phase_merge(args) -> int:
+    from .phase import merge_shards
+
+    res = merge_shards(args.dirs, args.out, plot=not args.no_plot)
+    print(f"gflow phase-merge: {len(res.rows)} points -> {res.csv}")
+    return EXIT_OK
+
+
+def _cmd_phase(args) -> int:
+    from .config import load_config
+    from .phase import run_phase
+
+    cfg = load_config(args.config)
+    res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
+                    plot=not args.no_plot, overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    if not args.quiet:
+        print(res.table())
+        n = len(res.point_walls)
+        per = f", {res.wall / n:.2f} s per point" if n else ""
+        print(f"  {n} points computed in {res.wall:.1f} s{per}; table in {res.csv}")
+    return EXIT_OK
 
 
 def _enable_compilation_cache() -> None:
@@ -135,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args) -> int:
     """One function per command (``_cmd_<name>``): a new subcommand is a parser entry and a function."""
-    return globals()[f"_cmd_{args.cmd}"](args)
+    return globals()["_cmd_" + args.cmd.replace("-", "_")](args)
 
 
 def _cmd_run(args) -> int:

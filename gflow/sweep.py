@@ -55,7 +55,7 @@ from .config import Config
 from .model import subset_label
 from .trajectory import Trajectory
 
-__all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_sweep", "sweep_points"]
+__all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points"]
 
 COLUMNS = (
     "status", "wall_s", "S_star", "S_measured", "C_star", "window_lo", "window_hi", "a_star", "a_end", "slope",
@@ -69,7 +69,7 @@ COLUMNS = (
 
 
 def _split_top(s: str) -> list[str]:
-    """Split at commas outside brackets, braces and quotes."""
+    """Split at commas and semicolons outside brackets, braces and quotes."""
     parts, depth, quote, cur = [], 0, None, []
     for ch in s:
         if quote:
@@ -83,7 +83,7 @@ def _split_top(s: str) -> list[str]:
             depth += 1
         elif ch in "]}":
             depth -= 1
-        elif ch == "," and depth == 0:
+        elif ch in ",;" and depth == 0:
             parts.append("".join(cur).strip())
             cur = []
             continue
@@ -99,9 +99,35 @@ def _value(tok: str) -> Any:
         return tok
 
 
+_RANGE = re.compile(r"\s*(lin|log):([^:]+):([^:]+):([^:]+)\s*")
+
+
+def _range(spec: str, field: str, kind: str, a: str, b: str, n: str) -> list[float]:
+    """``lin:a:b:n`` (``numpy.linspace``) or ``log:a:b:n`` (``numpy.geomspace``)."""
+    try:
+        lo, hi, num = float(a), float(b), int(n)
+    except ValueError:
+        raise ValueError(
+            f"--param {spec!r}: {field} range {kind}:{a}:{b}:{n} needs two numbers and a point count "
+            f"(e.g. {kind}:1:10:5)"
+        ) from None
+    if num < 1 or not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"--param {spec!r}: {field} range needs finite ends and n >= 1 points, got {a}, {b}, {n}")
+    if kind == "log":
+        if lo <= 0 or hi <= 0:
+            raise ValueError(f"--param {spec!r}: {field} log range needs ends > 0, got {a}, {b}")
+        return [float(x) for x in np.geomspace(lo, hi, num)]
+    return [float(x) for x in np.linspace(lo, hi, num)]
+
+
 def parse_param(spec: str) -> tuple[str, list[Any]]:
     """``"data.L=50,100,200"`` → ``("data.L", [50, 100, 200])`` (values parsed
-    as TOML, strings otherwise). Only the syntax is checked here; see
+    as TOML, strings otherwise; separated by commas or semicolons outside
+    brackets, e.g. ``data.parents=[1,2];[1,3]``). A numeric range is
+    ``lin:a:b:n`` (``n`` evenly spaced values from ``a`` to ``b``) or
+    ``log:a:b:n`` (``n`` log-spaced values, ``a, b > 0``); on an integer
+    field (``data.L``) every value of a range must be an integer (checked in
+    :func:`sweep_points`). Only the syntax is checked here; see
     :func:`sweep_points` for the field itself."""
     if "=" not in spec:
         raise ValueError(f"--param {spec!r}: expected section.key=value[,value…], e.g. data.L=50,100")
@@ -109,6 +135,9 @@ def parse_param(spec: str) -> tuple[str, list[Any]]:
     field = field.strip()
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*", field):
         raise ValueError(f"--param {spec!r}: the field must be section.key (e.g. data.L), got {field!r}")
+    m = _RANGE.fullmatch(vals)
+    if m:
+        return field, _range(spec, field, *m.groups())
     toks = _split_top(vals)
     if any(t == "" for t in toks):
         raise ValueError(f"--param {spec!r}: empty value (values are comma-separated, e.g. data.L=50,100)")
@@ -123,6 +152,26 @@ def _check_field(config: Config, field: str) -> tuple[str, str]:
     if key not in d[sec]:
         raise ValueError(f"unknown config field {field!r}: [{sec}] has no key {key!r}; keys of [{sec}]: {list(d[sec])}")
     return sec, key
+
+
+def _as_field_type(config: Config, field: str, vals: list) -> list:
+    """Integral floats (``40.0`` from ``lin:20:200:10``) become ints on an
+    integer field; a non-integral one is an error naming the field."""
+    sec, key = field.split(".")
+    default = config.to_dict()[sec][key]
+    if not isinstance(default, int) or isinstance(default, bool):
+        return vals
+    out = []
+    for v in vals:
+        if isinstance(v, float):
+            if not (math.isfinite(v) and abs(v - round(v)) <= 1e-9 * max(1.0, abs(v))):
+                raise ValueError(
+                    f"config field {field!r} takes integers; the value {v!r} is not one "
+                    "(give a list, or a lin:a:b:n range with integer steps)"
+                )
+            v = round(v)
+        out.append(v)
+    return out
 
 
 def sweep_points(config: Config, params) -> list[tuple[dict[str, Any], Config]]:
@@ -147,7 +196,7 @@ def sweep_points(config: Config, params) -> list[tuple[dict[str, Any], Config]]:
             raise ValueError(f"config field {field!r} is swept twice; give all its values in one --param")
         if not vals:
             raise ValueError(f"config field {field!r}: no values to sweep")
-        pairs.append((field, vals))
+        pairs.append((field, _as_field_type(config, field, vals)))
     if not pairs:
         raise ValueError("a sweep needs at least one --param section.key=value[,value…]")
     points = []
@@ -267,7 +316,7 @@ class SweepResult:
                               "window_hi", "limit_loss", "loss_end", "wall_s"]  # fmt: skip
         body = [[_cell(r.get(c)) for c in cols] for r in self.rows]
         w = [max(len(c), *(len(b[k]) for b in body)) if body else len(c) for k, c in enumerate(cols)]
-        line = lambda cells: "  ".join(x.ljust(n) for x, n in zip(cells, w)).rstrip()  # noqa: E731
+        line = lambda cells: "  ".join(x.ljust(n) for x, n in zip(cells, w)).rstrip()
         return "\n".join([line(cols), line(["-" * n for n in w])] + [line(b) for b in body])
 
 
@@ -309,8 +358,6 @@ def run_sweep(
 
     **Returns:** :class:`SweepResult`.
     """
-    from .flow import FlowError, integrate
-
     points = sweep_points(config, params)
     fields = list(points[0][0])
     out = Path(out)
@@ -335,18 +382,8 @@ def run_sweep(
         if verbose:
             print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={_show(v)}" for f, v in point.items())
                   + f" -> {d}", flush=True)  # fmt: skip
-        again = resume and (d / "run.json").exists()
-        try:
-            traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
-        except FlowError as e:
-            traj = e.trajectory
-            if verbose:
-                print(f"  failed: {e}", flush=True)
-        report = None
-        if check and traj.status == "complete":
-            from .checks import check_run
-
-            report = check_run(d, **(check_kwargs or {})).to_json()
+        traj, report = run_point(cfg, d, check=check, check_kwargs=check_kwargs, resume=resume,
+                                 overwrite=overwrite, verbose=verbose)  # fmt: skip
         row = {**point, "dir": d.name, **headline(traj, report)}
         rows.append(row)
         _write_csv(csv_path, fields, rows)  # after every point: an interrupted sweep keeps its table
@@ -355,6 +392,38 @@ def run_sweep(
                   f"a_end {_cell(row['a_end'])}, loss_end {_cell(row['loss_end'])}, {_cell(row['wall_s'])} s",
                   flush=True)  # fmt: skip
     return SweepResult(fields=fields, rows=rows, csv=csv_path, wall=time.perf_counter() - t0)
+
+
+def run_point(
+    cfg: Config,
+    d: Path,
+    *,
+    check: bool = True,
+    check_kwargs: dict[str, Any] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    verbose: bool = False,
+) -> tuple[Trajectory, dict | None]:
+    """Integrate one point into the run folder `d` (continuing the run saved
+    there with `resume`) and, when it completed and `check`, write and return
+    its check report's JSON dict. A failed integration returns its partial
+    trajectory (status not ``"complete"``) and no report. Shared by
+    :func:`run_sweep` and :func:`gflow.phase.run_phase`."""
+    from .flow import FlowError, integrate
+
+    again = resume and (d / "run.json").exists()
+    try:
+        traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
+    except FlowError as e:
+        traj = e.trajectory
+        if verbose:
+            print(f"  failed: {e}", flush=True)
+    report = None
+    if check and traj.status == "complete":
+        from .checks import check_run
+
+        report = check_run(d, **(check_kwargs or {})).to_json()
+    return traj, report
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:

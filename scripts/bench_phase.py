@@ -1,0 +1,78 @@
+"""The cost of a phase grid (gflow/phase.py), run once.
+
+1. **Theory only**, two 10 × 10 grids at the paper's default otherwise
+   (N = 10⁴, L = 100, n_pi = 2000), compilation cache off (``GFLOW_CACHE=none``):
+   (a) ``init.w_plus = log:0.5:8:10`` × ``data.L = lin:20:200:10`` (the
+   figure's axes: each L compiles the sampler once, 10 samples, one law per
+   sample and set); (b) ``init.w_plus = log:0.5:8:10`` × ``init.w_minus =
+   log:0.01:1:10`` (one sample: J per point). Total wall time, the first point
+   and the median of the others. Target: ≤ 120 s in total.
+2. **Flows**: ``--flow`` on ``init.w_plus = lin:2:4:K`` with a small flow
+   configuration (d = 3, L = 40, N = 2000, Stage III capped at τ = 100):
+   wall time per point (theory + integration + check report), the first
+   (compilations) and the others. Target: ≤ 10 s per point after the first.
+
+Prints the load average (``uptime``) with every number. Usage:
+``python scripts/bench_phase.py [--flow-points 4] [--skip-theory] [--skip-flow]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+os.environ.setdefault("GFLOW_CACHE", "none")
+
+
+def _load() -> str:
+    return subprocess.run(["uptime"], check=False, capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flow-points", type=int, default=4)
+    ap.add_argument("--skip-theory", action="store_true")
+    ap.add_argument("--skip-flow", action="store_true")
+    args = ap.parse_args(argv)
+
+    import gflow
+    from gflow.phase import run_phase
+
+    tmp = tempfile.mkdtemp(prefix="bench_phase_")
+    if not args.skip_theory:
+        grids = {
+            "w_plus x L": ["init.w_plus=log:0.5:8:10", "data.L=lin:20:200:10"],
+            "w_plus x w_minus": ["init.w_plus=log:0.5:8:10", "init.w_minus=log:0.01:1:10"],
+        }
+        for name, params in grids.items():
+            print("load before:", _load(), flush=True)
+            t0 = time.perf_counter()
+            res = run_phase(gflow.Config(), params, f"{tmp}/{name.replace(' ', '')}", plot=False)
+            total = time.perf_counter() - t0
+            w = np.array(res.point_walls)
+            print(f"theory-only 10x10 grid {name}, N = 1e4: total {total:.1f} s (target <= 120 s); first point "
+                  f"{w[0]:.2f} s, others median {np.median(w[1:]):.3f} s, max {w[1:].max():.2f} s", flush=True)
+            print("load after:", _load(), flush=True)
+    if not args.skip_flow:
+        cfg = gflow.Config().replace(data={"L": 40}, estimator={"N": 2000}, schedule={"durations": [1e3, 1e10, 100.0]})
+        print("load before:", _load(), flush=True)
+        t0 = time.perf_counter()
+        res = run_phase(cfg, [f"init.w_plus=lin:2:4:{args.flow_points}"], f"{tmp}/flow", flow=True, plot=False)
+        total = time.perf_counter() - t0
+        w = np.array(res.point_walls)
+        print(f"flow grid ({len(w)} points; d=3, L=40, N=2000, Stage III to tau=100): total {total:.1f} s; "
+              f"first point {w[0]:.1f} s; after the first: " + ", ".join(f"{x:.1f}" for x in w[1:])
+              + f" s (median {np.median(w[1:]):.1f} s; target <= 10 s)", flush=True)  # fmt: skip
+        print("load after:", _load(), flush=True)
+        for r in res.rows:
+            print(f"  w+={r['init.w_plus']:.3g}: argmax J {r['argmax_J']}, selected {r['selected']}, "
+                  f"t_I {r['t_event_I']} vs predicted {r['stage1_duration']:.4g}, verdict {r['verdict_gflow']}")
+
+
+if __name__ == "__main__":
+    main()
