@@ -175,7 +175,7 @@ class Config(eqx.Module):
     estimator: EstimatorConfig = EstimatorConfig()
 
     def __check_init__(self):
-        if self.model.H > self.model.M:
+        if self.model.windows == "aligned" and self.model.H > self.model.M:
             raise ValueError(
                 f"model.H must be <= model.M for the paper's initialisation, got H={self.model.H}, M={self.model.M}"
             )

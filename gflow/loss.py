@@ -3,7 +3,8 @@
 ``L̂_N(θ) = (1/N) Σ_n ℓ_RB(θ; X_n, π_n)`` on a sample drawn once from a fixed
 key (common random numbers), so ``L̂_N`` is a deterministic smooth function of
 θ and ``-∇L̂_N`` is a proper vector field for an ODE solver. The target is
-Rao–Blackwellised: ``ℓ_RB = -Σ_e π(e | z_q) log(ŷ_e + ε)``.
+Rao–Blackwellised: ``ℓ_RB = -Σ_e π(e | z_q) log(ŷ_e + ε)`` (or, with
+``estimator.target = "drawn"``, the sampled ``y``: ``-log(ŷ_y + ε)``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .model import CountFeatures, ModelConfig, Params, PositionFeatures, feature
 _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
 _LAYOUTS = ("auto", "counts", "positions")
+_TARGETS = ("expected", "drawn")
 
 
 class EstimatorConfig(eqx.Module):
@@ -46,6 +48,11 @@ class EstimatorConfig(eqx.Module):
     - `shard`: shard the sequence axis over all devices (``jax.devices()``;
       with ``jax.distributed``, every host's); ``N`` must be a multiple of
       the device count.
+    - `target`: ``"expected"`` (default: Rao–Blackwellised, the expectation
+      over ``π(·|z_q)``) or ``"drawn"`` (extension, the official code,
+      README §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
+      replaced by the one-hot ``e(y)`` in the loss; same ``y`` as the
+      sample's, so both targets share the common random numbers).
     """
 
     N: int = eqx.field(static=True, default=10_000)
@@ -56,6 +63,7 @@ class EstimatorConfig(eqx.Module):
     layout: Literal["auto", "counts", "positions"] = eqx.field(static=True, default="auto")
     chunk: int = eqx.field(static=True, default=0)
     shard: bool = eqx.field(static=True, default=False)
+    target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")
 
     def __check_init__(self):
         if not isinstance(self.N, (int, np.integer)) or self.N < 1:
@@ -74,6 +82,8 @@ class EstimatorConfig(eqx.Module):
             raise ValueError(f"estimator.shard must be true or false, got {self.shard!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"estimator.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.target not in _TARGETS:
+            raise ValueError(f"estimator.target must be one of {_TARGETS}, got {self.target!r}")
 
     @property
     def jdtype(self):
@@ -427,13 +437,17 @@ def make_loss(
     bit-identical estimator. The sample is always drawn in float64; the
     features and the loss use ``estimator.dtype``. ``estimator.shard``
     shards the sequence axis over the devices; ``estimator.chunk`` bounds the
-    working memory.
+    working memory. ``estimator.target = "drawn"`` replaces ``π(·|z_q)`` by
+    ``e(y)`` (the sample's own ``x_{L+1}``). The counts layout tabulates the
+    ``(d+1)**model.span`` windows of every offset the copier reads.
     """
     if key is None:
         key = jax.random.key(estimator.seed)
     dt = estimator.jdtype
-    layout = resolve_layout(estimator.layout, data.d, model.M)
+    layout = resolve_layout(estimator.layout, data.d, model.span)
     smp = sample(data, estimator.N, key=key, dtype=jnp.float64)
+    if estimator.target == "drawn":
+        smp = eqx.tree_at(lambda s: s.cond, smp, jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype))
     feats = features(smp, model, layout=layout, dtype=dt)
     if estimator.shard:
         feats = shard_features(feats)
