@@ -255,17 +255,80 @@ class CountFeatures(eqx.Module):
     cond: Float[Array, "N d"]
 
 
+class HeadFeatures(PositionFeatures):
+    """Per-position, per-head window codes (the ``"heads"`` layout, exact).
+
+    Head h's inner product ``⟨v_q^(h), v_l^(h)⟩`` depends only on the M
+    offsets head h reads (``1..M``, or ``h..h+M−1`` with shifted windows),
+    so it is a θ-dependent table ``T_h`` over pairs of the ``(d+1)**M``
+    padded head windows (:func:`head_tables`), and a position enters only
+    through its H head-window codes. Cost per sequence ``O(L·(H + |𝒮|))``,
+    independent of the span: the layout for shifted windows, where the counts
+    table over ``(d+1)**(H+M−1)`` windows is large.
+
+    A :class:`PositionFeatures` whose `G` holds the key codes ``(N, L, H)``
+    and `Gs` the query codes ``(N, H)`` (ints) instead of match tensors;
+    `X` and `cond` as there.
+    """
+
+
 def features(sample: Sample, model: ModelConfig, *, layout: str = "counts", dtype=jnp.float64):
     """θ-independent inputs of every sequence of a sample (computed once).
 
     ``layout="counts"`` gives :class:`CountFeatures`, ``"positions"``
-    :class:`PositionFeatures`. Both give the same loss to rounding.
+    :class:`PositionFeatures`, ``"heads"`` :class:`HeadFeatures`. All give
+    the same loss to rounding.
     """
     if layout == "counts":
         return _count_features(sample.X, sample.cond, model, dtype)
     if layout == "positions":
         return _position_features(sample.X, sample.cond, model, dtype)
-    raise ValueError(f"estimator.layout must be one of ('auto', 'counts', 'positions'), got {layout!r}")
+    if layout == "heads":
+        return _head_features(sample.X, sample.cond, model, dtype)
+    raise ValueError(f"estimator.layout must be one of ('auto', 'counts', 'positions', 'heads'), got {layout!r}")
+
+
+def head_window_codes(X: Int[Array, " L"], model: ModelConfig, d: int) -> Int[Array, "L1 H"]:
+    """Code of head h's window at every position ``l = 1..L+1``: the tokens
+    ``(x_{l-o})`` at the M offsets o head h reads (first offset most
+    significant; padding is symbol ``d``), as in :func:`window_codes`."""
+    T = _shifted(X, model.span)
+    T = jnp.where(T < 0, d, T)
+    radix = jnp.asarray((d + 1) ** np.arange(model.M - 1, -1, -1), T.dtype)
+    starts = [0 if model.windows == "aligned" else h for h in range(model.H)]
+    return jnp.stack([(T[:, s0 : s0 + model.M] * radix).sum(-1) for s0 in starts], axis=-1)
+
+
+@eqx.filter_jit
+def _head_features(X, cond, model, dtype):
+    d = cond.shape[-1]
+    codes = jax.vmap(lambda x: head_window_codes(x, model, d))(X)  # (N, L+1, H)
+    return HeadFeatures(X=X, G=codes[:, :-1], Gs=codes[:, -1], cond=cond.astype(dtype))
+
+
+def head_tables(w: Float[Array, "H M"], model: ModelConfig, d: int) -> Float[Array, "H K1 K1"]:
+    """``T[h, a, b] = ⟨v^(h)(a), v^(h)(b)⟩`` over pairs of head windows
+    (``(d+1)**M`` each): ``v^(h)(a) = Σ_j softmax(w^(h))_j e(a_j)``, divided
+    by ``‖v^(h)‖ + 1e-7`` with ``model.head_norm``."""
+    s = jax.nn.softmax(w, axis=-1)
+    OH = jnp.asarray(window_onehots(d, model.M), w.dtype)  # (K1, M, d)
+    V = jnp.einsum("hj,kje->hke", s, OH)
+    if model.head_norm:
+        V = V * head_norm_scale(jnp.sum(V * V, -1))[..., None]
+    return jnp.einsum("hae,hbe->hab", V, V)
+
+
+def head_products(tab: Float[Array, "H K1 K1"], hk: Int[Array, "L H"], hq: Int[Array, " H"], model: ModelConfig):
+    """:func:`products` in the ``"heads"`` layout: ``P[l, S] = Π_{h∈S} T_h[q_h, k_{l,h}]``
+    and, for ``norm="layer"``, the self products ``Π_{h∈S} T_h[k_{l,h}, k_{l,h}]``
+    of positions 1..L+1."""
+    hidx = np.arange(model.H)
+    P = subset_products(tab[hidx, hq[None, :], hk], model.membership)
+    Ps = None
+    if model.norm == "layer":
+        allk = jnp.concatenate([hk, hq[None]], axis=0)
+        Ps = subset_products(tab[hidx, allk, allk], model.membership)
+    return P, Ps
 
 
 @eqx.filter_jit
@@ -393,10 +456,20 @@ def head_inner(w: Float[Array, "H M"], G: Float[Array, "L MM"], model: ModelConf
 
 def subset_products(inner: Float[Array, "L H"], membership: np.ndarray) -> Float[Array, "L nS"]:
     """``P[l, S] = Π_{h∈S} inner[l, h]`` (1 for the empty set)."""
-    m = jnp.asarray(membership, inner.dtype)  # (nS, H)
-    # where(), not 1 + m (inner - 1): the latter rounds inner products below 1e-16
-    # to 0, which matters for norm="layer" when ‖φ_l‖ is itself tiny.
-    return jnp.prod(jnp.where(m[None, :, :] > 0, inner[:, None, :], 1.0), axis=-1)
+    # Explicit products of the member columns (not 1 + m (inner - 1), which
+    # rounds inner products below 1e-16 to 0; not a masked jnp.prod, whose
+    # backward pass is several times slower).
+    cols = []
+    for row in np.asarray(membership):
+        idx = np.flatnonzero(row)
+        if len(idx) == 0:
+            cols.append(jnp.ones(inner.shape[:-1], inner.dtype))
+            continue
+        v = inner[..., idx[0]]
+        for i in idx[1:]:
+            v = v * inner[..., i]
+        cols.append(v)
+    return jnp.stack(cols, axis=-1)
 
 
 def products(w, G, Gs, model: ModelConfig):
