@@ -72,7 +72,13 @@ def read_published(path: Path = DATA) -> dict[str, np.ndarray]:
     order = gflow.model.subsets(3, 2)
     label = {S: "C{" + ",".join(map(str, S)) + "}" for S in _CSV_SUBSETS}
     C = np.stack([col[label[S]] for S in order], axis=1)
-    return {"epoch": col["epoch"], "a": col["a"], "C": C, "C_norm": col["C_norm"], "train_loss": col["train_loss"]}
+    return {
+        "epoch": col["epoch"],
+        "a": col["a"],
+        "C": C,
+        "C_norm": col["C_norm"],
+        "train_loss": col["train_loss"],
+    }
 
 
 def reference_config(
@@ -93,7 +99,14 @@ def reference_config(
         init={"w_plus": 3.0, "w_minus": 0.1, "c0": 0.01, "a0": 0.01},
         schedule={"kind": "joint", "t1": float(t1), "eta_w": 1.0, "eta_C": 1.0, "eta_a": 1.0},
         solver=solver,
-        estimator={"N": 9000, "seed": 0, "loss": "ce_on_probs", "target": "drawn", "layout": "heads", "dtype": dtype},
+        estimator={
+            "N": 9000,
+            "seed": 0,
+            "loss": "ce_on_probs",
+            "target": "drawn",
+            "layout": "heads",
+            "dtype": dtype,
+        },
     )
 
 
@@ -132,7 +145,9 @@ def compare(traj, pub: dict) -> dict:
         "c12_frac_published": pub_cf.tolist(),
         "C_norm": Cn.tolist(),
         "C_norm_published": pub["C_norm"].tolist(),
-        "max_abs_rel_a_from_100": float(np.nanmax(np.abs(rel[ep >= 100]))) if np.any(~np.isnan(rel[ep >= 100])) else None,
+        "max_abs_rel_a_from_100": float(np.nanmax(np.abs(rel[ep >= 100])))
+        if np.any(~np.isnan(rel[ep >= 100]))
+        else None,
         "t_end": float(traj.ts[-1]),
         "wall_s": float(traj.wall),
     }
@@ -149,14 +164,14 @@ def plot(runs: dict, pub: dict, path: Path) -> None:
     ep = pub["epoch"]
     x = np.where(ep > 0, ep, 0.5)  # epoch 0 drawn at 0.5 on the log axis
     pc = pub["C"] ** 2
-    style = {"flow": dict(color="C0", lw=2.0), "gd": dict(color="C3", lw=1.2, ls="--")}
+    style = {"flow": {"color": "C0", "lw": 2.0}, "gd": {"color": "C3", "lw": 1.2, "ls": "--"}}
     names = {"flow": "gflow: gradient flow", "gd": "gflow: GD, η = 1 (float32)"}
     for key, traj in runs.items():
         t = np.where(traj.ts > 0, traj.ts, 0.5)
         axs[0].plot(t, traj.a, label=names[key], **style[key])
         axs[1].plot(t, traj.c_frac[:, win], label=names[key], **style[key])
         axs[2].plot(t, np.sqrt((traj.C**2).sum(-1)), label=names[key], **style[key])
-    kw = dict(color="k", marker="o", ls="none", ms=5, label="published (official code)")
+    kw = {"color": "k", "marker": "o", "ls": "none", "ms": 5, "label": "published (official code)"}
     axs[0].plot(x, pub["a"], **kw)
     axs[1].plot(x, pc[:, win] / pc.sum(-1), **kw)
     axs[2].plot(x, pub["C_norm"], **kw)
@@ -206,12 +221,20 @@ def main(argv=None) -> int:
                 reference_config("gd", args.gd_t1, dtype="float32")
                 if key == "gd"
                 else reference_config(
-                    args.flow_method, args.flow_t1, dtype=args.flow_dtype, rtol=args.flow_rtol, atol=args.flow_atol
+                    args.flow_method,
+                    args.flow_t1,
+                    dtype=args.flow_dtype,
+                    rtol=args.flow_rtol,
+                    atol=args.flow_atol,
                 )
             )
             t0 = time.perf_counter()
-            traj = gflow.integrate(cfg, out=out / key, resume=args.resume, overwrite=not args.resume, verbose=True)
-            print(f"{key}: t = {traj.ts[-1]:g} in {time.perf_counter() - t0:.0f} s (wall of the run {traj.wall:.0f} s)")
+            traj = gflow.integrate(
+                cfg, out=out / key, resume=args.resume, overwrite=not args.resume, verbose=True
+            )
+            print(
+                f"{key}: t = {traj.ts[-1]:g} in {time.perf_counter() - t0:.0f} s (wall of the run {traj.wall:.0f} s)"
+            )
     runs = {k: gflow.trajectory.load(out / k) for k in ("flow", "gd") if (out / k / "run.json").exists()}
     if not runs:
         print(f"no run in {out}", file=sys.stderr)

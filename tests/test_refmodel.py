@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import random_params
 
 import gflow
 from gflow import model as gmodel
 from gflow.loss import PopulationLoss
-from helpers import random_params
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("counts", "positions", "heads")
@@ -82,7 +82,9 @@ def _enumerated_sample(d, L, key):
     k1, k2 = jax.random.split(key)
     cond = jax.random.dirichlet(k1, jnp.ones(d), (n,))
     y = jax.random.randint(k2, (n,), 0, d).astype(jnp.int32)
-    return gflow.data.Sample(X=jnp.asarray(X), y=y, zq=jnp.zeros(n, jnp.int32), cond=cond, pi=jnp.zeros((n, 1, d)))
+    return gflow.data.Sample(
+        X=jnp.asarray(X), y=y, zq=jnp.zeros(n, jnp.int32), cond=cond, pi=jnp.zeros((n, 1, d))
+    )
 
 
 def _loss(smp, model, layout, kind="log", eps=1e-6):
@@ -141,14 +143,17 @@ def test_predict_equals_direct(getkey, head_norm, windows, norm):
 
 
 @pytest.mark.parametrize(
-    "head_norm,windows,norm", [(True, "shifted", "sum"), (True, "aligned", "layer"), (False, "shifted", "layer")]
+    "head_norm,windows,norm",
+    [(True, "shifted", "sum"), (True, "aligned", "layer"), (False, "shifted", "layer")],
 )
 def test_every_layout_equals_direct_loss(getkey, head_norm, windows, norm):
     d, L = 2, 5
     m = gflow.ModelConfig(M=2, H=2, D=2, norm=norm, head_norm=head_norm, windows=windows)
     p = random_params(getkey(), m, a=2.5)
     smp = _enumerated_sample(d, L, getkey())
-    yh = np.array([direct_forward(p.w, p.C, p.a, x, d, 2, norm, head_norm, windows) for x in np.asarray(smp.X)])
+    yh = np.array(
+        [direct_forward(p.w, p.C, p.a, x, d, 2, norm, head_norm, windows) for x in np.asarray(smp.X)]
+    )
     want = -np.sum(np.asarray(smp.cond) * np.log(yh + 1e-6), -1)
     for layout in LAYOUTS:
         got = np.asarray(_loss(smp, m, layout).per_sequence(p))
@@ -195,7 +200,9 @@ def test_gradient_matches_finite_differences(getkey, layout):
     kv = iter(jax.random.split(getkey(), 3))
     v = jax.tree.map(lambda x: jax.random.normal(next(kv), x.shape, x.dtype), p)
     h = 1e-5
-    fd = (loss(jax.tree.map(lambda x, y: x + h * y, p, v)) - loss(jax.tree.map(lambda x, y: x - h * y, p, v))) / (2 * h)
+    fd = (
+        loss(jax.tree.map(lambda x, y: x + h * y, p, v)) - loss(jax.tree.map(lambda x, y: x - h * y, p, v))
+    ) / (2 * h)
     an = sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(g), jax.tree.leaves(v)))
     # central differences: error O(h²) ≈ 1e-10 against a derivative of O(0.1)
     np.testing.assert_allclose(float(fd), float(an), rtol=1e-7, atol=1e-10)
@@ -216,12 +223,15 @@ def test_head_norm_changes_nothing_with_one_hot_copiers(getkey):
     vals = {}
     for hn in (False, True):
         m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=hn)
-        vals[hn] = np.asarray(gflow.make_loss(data, m, gflow.EstimatorConfig(N=50, layout="positions"), key=key).per_sequence(p))
+        vals[hn] = np.asarray(
+            gflow.make_loss(data, m, gflow.EstimatorConfig(N=50, layout="positions"), key=key).per_sequence(p)
+        )
     np.testing.assert_allclose(vals[True], vals[False], rtol=2e-6)
     # with generic copiers the normalisation is a real change
     q = random_params(getkey(), gflow.ModelConfig(), a=4.0)
     l0, l1 = (
-        gflow.make_loss(data, gflow.ModelConfig(head_norm=hn), gflow.EstimatorConfig(N=50), key=key)(q) for hn in (False, True)
+        gflow.make_loss(data, gflow.ModelConfig(head_norm=hn), gflow.EstimatorConfig(N=50), key=key)(q)
+        for hn in (False, True)
     )
     assert abs(float(l1 - l0)) > 1e-3
 
@@ -238,7 +248,9 @@ def test_m1_shifted_reads_offset_h(getkey, layout):
     est = gflow.EstimatorConfig(N=40, layout=layout)
 
     def per_seq(model, w):
-        return np.asarray(gflow.make_loss(data, model, est, key=key).per_sequence(gflow.Params(w=w, C=C, a=a)))
+        return np.asarray(
+            gflow.make_loss(data, model, est, key=key).per_sequence(gflow.Params(w=w, C=C, a=a))
+        )
 
     w1 = jnp.zeros((3, 1))
     shifted = per_seq(gflow.ModelConfig(M=1, H=3, D=2, windows="shifted"), w1)
