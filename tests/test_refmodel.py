@@ -107,8 +107,10 @@ def test_bad_values_name_the_key():
     with pytest.raises(ValueError, match=r"estimator\.layout"):
         gflow.EstimatorConfig(layout="rows")
     # shifted windows need no H <= M (each head has its own window)
-    cfg = gflow.Config().replace(model={"M": 1, "H": 3, "D": 2, "windows": "shifted"})
+    cfg = gflow.Config().replace(model={"M": 1, "H": 3, "D": 2, "windows": "shifted"}, schedule={"kind": "joint"})
     assert cfg.model.span == 3
+    with pytest.raises(ValueError, match=r"schedule\.events = false"):
+        gflow.Config().replace(model={"windows": "shifted"})
     with pytest.raises(ValueError, match=r"model\.H must be <= model\.M"):
         gflow.Config().replace(model={"M": 1, "H": 3, "D": 2})
 
