@@ -322,16 +322,20 @@ def test_published_data_reads_back():
     assert gflow.subsets(3, 2)[int(np.argmax(pub["C"][-1] ** 2))] == (1, 2)
 
 
-A_TOL_REL = 0.05
+A_TOL_REL = 0.02
 
 
 @pytest.mark.slow
 def test_published_run_a_agrees_gd_to_epoch_100():
     """gflow's GD (η = 1, float32, the reference-compatible setting) against the
-    published a(t) at epoch 100 (the GD is ~1 s a step on a loaded machine,
-    so the slow test stops at the first published epoch ≥ 100; the script runs
-    further). Tolerance 5% relative: see README "The official code's model"
-    (sample-to-sample spread of a(100) over seeds, plus float32)."""
+    published a(t) at epoch 100, the first published epoch ≥ 100 (the full-N
+    GD costs ~0.1 s a step on a quiet core, ~1 s on the loaded machine; the
+    script runs further, to 1000).
+
+    Tolerance 2% relative: a(100) of this GD on four samples (seeds 0–3) was
+    4.3142, 4.2839, 4.2757, 4.2733 (sample standard deviation 0.019, 0.45%),
+    so 2% is 4.4 standard deviations of the sample-to-sample spread; float32
+    rounding over 100 steps moves a by ~1e-5 relative. Measured: +0.84%."""
     r = _script()
     pub = r.read_published()
     tr = gflow.integrate(r.reference_config("gd", 100.0, dtype="float32"))
