@@ -179,7 +179,13 @@ class Config(eqx.Module):
     estimator: EstimatorConfig = EstimatorConfig()
 
     def __check_init__(self):
-        if self.model.H > self.model.M:
+        if self.model.windows == "shifted" and self.schedule.kind == "staged" and self.schedule.events:
+            # the Stage II event reads s^(h)_h (aligned windows); shifted head h's own offset is w[h-1, 0]
+            raise ValueError(
+                "model.windows = 'shifted' with schedule.kind = 'staged' needs schedule.events = false "
+                "(the Stage II event is defined for aligned windows), or schedule.kind = 'joint'"
+            )
+        if self.model.windows == "aligned" and self.model.H > self.model.M:
             raise ValueError(
                 f"model.H must be <= model.M for the paper's initialisation, got H={self.model.H}, M={self.model.M}"
             )

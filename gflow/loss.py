@@ -3,7 +3,8 @@
 ``L̂_N(θ) = (1/N) Σ_n ℓ_RB(θ; X_n, π_n)`` on a sample drawn once from a fixed
 key (common random numbers), so ``L̂_N`` is a deterministic smooth function of
 θ and ``-∇L̂_N`` is a proper vector field for an ODE solver. The target is
-Rao–Blackwellised: ``ℓ_RB = -Σ_e π(e | z_q) log(ŷ_e + ε)``.
+Rao–Blackwellised: ``ℓ_RB = -Σ_e π(e | z_q) log(ŷ_e + ε)`` (or, with
+``estimator.target = "drawn"``, the sampled ``y``: ``-log(ŷ_y + ε)``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from . import model as _model
 from .data import DataConfig, sample
-from .model import CountFeatures, ModelConfig, Params, PositionFeatures, features
+from .model import CountFeatures, HeadFeatures, ModelConfig, Params, PositionFeatures, features
 
 _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
-_LAYOUTS = ("auto", "counts", "positions")
+_LAYOUTS = ("auto", "counts", "positions", "heads")
+_TARGETS = ("expected", "drawn")
 
 
 class EstimatorConfig(eqx.Module):
@@ -38,7 +40,11 @@ class EstimatorConfig(eqx.Module):
     - `layout`: how the sample is stored: ``"counts"`` (κ tabulated on the
       ``(d+1)**M`` windows, each sequence as window counts; exact and fast
       for small ``d**M``), ``"positions"`` (per-position match tensors, any
-      size) or ``"auto"`` (default: counts when ``(d+1)**M <= 512``).
+      size), ``"heads"`` (per-position window codes of each head, κ from
+      per-head tables over ``(d+1)**M`` head windows; any span, the fast
+      layout for shifted windows) or ``"auto"`` (default: counts when
+      ``(d+1)**span <= 512``, else positions; ``span`` is M for aligned
+      windows).
     - `chunk`: ``0`` (default) or the number of sequences per chunk: every
       per-sequence computation then runs chunk by chunk, rematerialised in
       the backward pass, so the working memory is O(chunk) (same result to
@@ -46,6 +52,11 @@ class EstimatorConfig(eqx.Module):
     - `shard`: shard the sequence axis over all devices (``jax.devices()``;
       with ``jax.distributed``, every host's); ``N`` must be a multiple of
       the device count.
+    - `target`: ``"expected"`` (default: Rao–Blackwellised, the expectation
+      over ``π(·|z_q)``) or ``"drawn"`` (extension, the official code,
+      README §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
+      replaced by the one-hot ``e(y)`` in the loss; same ``y`` as the
+      sample's, so both targets share the common random numbers).
     """
 
     N: int = eqx.field(static=True, default=10_000)
@@ -56,6 +67,7 @@ class EstimatorConfig(eqx.Module):
     layout: Literal["auto", "counts", "positions"] = eqx.field(static=True, default="auto")
     chunk: int = eqx.field(static=True, default=0)
     shard: bool = eqx.field(static=True, default=False)
+    target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")
 
     def __check_init__(self):
         if not isinstance(self.N, (int, np.integer)) or self.N < 1:
@@ -74,6 +86,8 @@ class EstimatorConfig(eqx.Module):
             raise ValueError(f"estimator.shard must be true or false, got {self.shard!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"estimator.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.target not in _TARGETS:
+            raise ValueError(f"estimator.target must be one of {_TARGETS}, got {self.target!r}")
 
     @property
     def jdtype(self):
@@ -195,6 +209,11 @@ class PopulationLoss(eqx.Module):
         yhat = _model.predict_from_kappa(params.a, kap, X, cond.shape[-1])
         return sequence_loss(yhat, cond, self.eps, self.kind)
 
+    def _one_heads(self, a, C, tab, X, hk, hq, cond):
+        P, Ps = _model.head_products(tab, hk, hq, self.model)
+        kap = _model.kappa_from_products(C, P, Ps, self.model)
+        return sequence_loss(_model.predict_from_kappa(a, kap, X, cond.shape[-1]), cond, self.eps, self.kind)
+
     def _one_counts(self, a, row, counts, cond):
         return sequence_loss(_model.predict_from_counts(a, row, counts), cond, self.eps, self.kind)
 
@@ -209,6 +228,10 @@ class PopulationLoss(eqx.Module):
     def per_sequence(self, params: Params) -> Float[Array, " N"]:
         """``ℓ_RB`` of every sequence, ``(N,)``."""
         f = self.feats
+        if isinstance(f, HeadFeatures):
+            tab = _model.head_tables(params.w, self.model, self.d)
+            fn = lambda X, hk, hq, cond: self._one_heads(params.a, params.C, tab, X, hk, hq, cond)  # noqa: E731
+            return seqmap(fn, self._positions_args(), self.chunk)
         if isinstance(f, PositionFeatures):
             fn = lambda X, G, Gs, cond: self._one_positions(params, X, G, Gs, cond)  # noqa: E731
             return seqmap(fn, self._positions_args(), self.chunk)
@@ -237,6 +260,14 @@ class PopulationLoss(eqx.Module):
     def per_sequence_grads(self, params: Params) -> tuple[Float[Array, " N"], Params]:
         """Per-sequence losses and gradients (leaves with a leading N axis)."""
         f = self.feats
+        if isinstance(f, HeadFeatures):
+
+            def one_h(p: Params, X, hk, hq, cond):
+                tab = _model.head_tables(p.w, self.model, self.d)
+                return self._one_heads(p.a, p.C, tab, X, hk, hq, cond)
+
+            vg = jax.value_and_grad(one_h)
+            return seqmap(lambda *xs: vg(params, *xs), self._positions_args(), self.chunk)
         if isinstance(f, PositionFeatures):
             vg = jax.value_and_grad(self._one_positions)
             return seqmap(lambda *xs: vg(params, *xs), self._positions_args(), self.chunk)
@@ -346,7 +377,15 @@ class StageLoss(eqx.Module):
     def __init__(self, loss: PopulationLoss, params: Params, moves: tuple[str, ...]):
         self.loss, self.frozen, self.moves = loss, params, tuple(moves)
         f, ch = loss.feats, loss.chunk
-        if self.moves == ("a",):
+        if isinstance(f, HeadFeatures) and self.moves in (("a",), ("C",)):
+            tab = _model.head_tables(params.w, loss.model, loss.d)
+            prods = lambda hk, hq: _model.head_products(tab, hk, hq, loss.model)  # noqa: E731
+            if self.moves == ("a",):
+                fn = lambda hk, hq: _model.kappa_from_products(params.C, *prods(hk, hq), loss.model)  # noqa: E731
+            else:
+                fn = prods
+            self.cache = seqmap(fn, (f.G, f.Gs), ch)
+        elif self.moves == ("a",):
             if isinstance(f, PositionFeatures):
                 fn = lambda G, Gs: _model.kappa(params, G, Gs, loss.model)  # noqa: E731
                 self.cache = seqmap(fn, (f.G, f.Gs), ch)
@@ -427,13 +466,17 @@ def make_loss(
     bit-identical estimator. The sample is always drawn in float64; the
     features and the loss use ``estimator.dtype``. ``estimator.shard``
     shards the sequence axis over the devices; ``estimator.chunk`` bounds the
-    working memory.
+    working memory. ``estimator.target = "drawn"`` replaces ``π(·|z_q)`` by
+    ``e(y)`` (the sample's own ``x_{L+1}``). The counts layout tabulates the
+    ``(d+1)**model.span`` windows of every offset the copier reads.
     """
     if key is None:
         key = jax.random.key(estimator.seed)
     dt = estimator.jdtype
-    layout = resolve_layout(estimator.layout, data.d, model.M)
+    layout = resolve_layout(estimator.layout, data.d, model.span)
     smp = sample(data, estimator.N, key=key, dtype=jnp.float64)
+    if estimator.target == "drawn":
+        smp = eqx.tree_at(lambda s: s.cond, smp, jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype))
     feats = features(smp, model, layout=layout, dtype=dt)
     if estimator.shard:
         feats = shard_features(feats)
