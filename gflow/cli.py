@@ -324,9 +324,10 @@ def _check(out: Path, *, quiet: bool) -> bool:
     from .checks import check_run
     from .trajectory import load, lock
 
-    load(out)  # a missing, corrupt or foreign folder: one clear error, nothing created or locked
+    if not out.is_dir():
+        load(out)  # not a folder: one clear error, nothing created
     with lock(out):
-        rep = check_run(out)
+        rep = check_run(out)  # reads the run first: a corrupt or foreign folder is one clear error
     if not quiet:
         print(rep.table())
     v = rep.verdict

@@ -251,7 +251,9 @@ def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch)
     def boom(*a, **k):
         raise AssertionError("reached the checks or the figures")
 
-    monkeypatch.setattr(gflow.checks, "check_run", boom)
+    monkeypatch.setattr(gflow.checks, "theory_report", boom)
+    monkeypatch.setattr(gflow.checks, "make_loss", boom)
+    monkeypatch.setattr(gflow.checks, "load_or_compute", boom)
     monkeypatch.setattr(gflow.plot, "plot_run", boom)
     cases = _corrupt_cases(tmp_path)
     assert len(cases) >= 17
