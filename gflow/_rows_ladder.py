@@ -54,9 +54,9 @@ def _rows_ladder(ctx: _Ctx) -> None:
         + ("is exactly Bayes-optimal here" if lad.bayes_optimal else "drops the start's likelihood (stationary start)"),
         "finite",
     )  # fmt: skip
-    for a, b in (("flow", "bayes"), ("gih", "bayes")):
-        m, s = lad.gap(a, b)
-        ctx.info(f"ladder: {a} − {b}", None, m, f"paired SE {s:.2g}", "finite")
+    for a, label in (("flow", "flow − Bayes"), ("gih", "GIH − Bayes")):
+        m, s = lad.gap(a, "bayes")
+        ctx.info(f"ladder: {label}", None, m, f"paired SE {s:.2g}", "finite")
     cap = lad.captured()
     if cap is not None:
         ctx.info("ladder: captured (unigram − flow)/(unigram − Bayes)", None, cap[0],

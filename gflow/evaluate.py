@@ -45,6 +45,7 @@ from .ladder import RUNGS, Ladder, loss_ladder
 from .loss import PopulationLoss, resolve_layout
 from .model import Params, features, subset_label
 from .sweep import _show, parse_param, sweep_points
+from .theory import selected_set
 from .trajectory import Trajectory, load
 
 __all__ = ["EVAL_KEYS", "EvalResult", "evaluate", "plot_eval"]
@@ -91,10 +92,10 @@ def _pairs(params) -> list[tuple[str, list]]:
 
 
 def _selected_set(traj: Trajectory) -> tuple[int, ...]:
-    for r in traj.stages:
-        if r.selected:
-            return tuple(r.selected)
-    return tuple(traj.subsets[int(np.argmax(traj.c_frac[-1]))])
+    """The set the run's Stage I selected (:func:`gflow.theory.selected_set`),
+    else ``argmax c/Σc`` at the run's last saved time."""
+    S = selected_set(traj)
+    return S if S is not None else tuple(traj.subsets[int(np.argmax(traj.c_frac[-1]))])
 
 
 def final_params(traj: Trajectory) -> Params:

@@ -169,7 +169,7 @@ def test_ladder_in_theory_check_report_and_loss_figure(small_run, small_config, 
     rep = gflow.check(traj, theory=th, loss=small_loss)
     row = rep.row("ladder: Bayes − oracle ≥ 0 (the oracle is the floor)")
     assert row.passed is True and row.claim == "finite"
-    info = rep.row("ladder: flow − bayes")
+    info = rep.row("ladder: flow − Bayes")
     assert info.passed is None and info.measured > 0
 
     fig = plot_loss(traj, th)
