@@ -461,7 +461,8 @@ def run_phase(
         rec = {"index": k, "point": point, "theory": theory}
         if flow:
             traj, report = run_point(cfg, out / "runs" / _dirname(k, point), check=True,
-                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=True)  # fmt: skip
+                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=not overwrite,
+                                     overwrite=overwrite)  # fmt: skip
             rec["flow"] = point_flow(traj, report)
         walls.append(time.perf_counter() - tp)
         rec["wall_s"] = walls[-1]
