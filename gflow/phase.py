@@ -139,6 +139,11 @@ def _key(*parts) -> str:
     return json.dumps(parts, sort_keys=True, default=str)
 
 
+def _sample_key(cfg: Config) -> str:
+    dd = cfg.to_dict()
+    return _key(dd["data"], dd["model"], dd["estimator"])
+
+
 class _Cache:
     """What points share: Ĩ rankings (by prior and 𝒮), samples (by data,
     model and estimator; the last ``_SAMPLES_KEPT`` used) and Stage III laws
@@ -198,7 +203,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
         cache.ranking[rk] = modified_chi2_ranking(cfg.data, sets, n_pi=n_pi, key=jax.random.key(pi_seed))
     rank = cache.ranking[rk]
 
-    lk = _key(dd["data"], dd["model"], dd["estimator"])
+    lk = _sample_key(cfg)
     if lk not in cache.loss:
         while len(cache.loss) >= _SAMPLES_KEPT:
             cache.loss.popitem(last=False)
@@ -461,7 +466,8 @@ def run_phase(
         rec = {"index": k, "point": point, "theory": theory}
         if flow:
             traj, report = run_point(cfg, out / "runs" / _dirname(k, point), check=True,
-                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=True)  # fmt: skip
+                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=not overwrite,
+                                     overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
             rec["flow"] = point_flow(traj, report)
         walls.append(time.perf_counter() - tp)
         rec["wall_s"] = walls[-1]

@@ -403,17 +403,20 @@ def run_point(
     resume: bool = False,
     overwrite: bool = False,
     verbose: bool = False,
+    loss=None,
 ) -> tuple[Trajectory, dict | None]:
     """Integrate one point into the run folder `d` (continuing the run saved
     there with `resume`) and, when it completed and `check`, write and return
     its check report's JSON dict. A failed integration returns its partial
-    trajectory (status not ``"complete"``) and no report. Shared by
+    trajectory (status not ``"complete"``) and no report. `loss`: the
+    point's estimator, if already built (the same sample the configuration's
+    seed gives; integration and check report reuse it). Shared by
     :func:`run_sweep` and :func:`gflow.phase.run_phase`."""
     from .flow import FlowError, integrate
 
     again = resume and (d / "run.json").exists()
     try:
-        traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose)
+        traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose, loss=loss)
     except FlowError as e:
         traj = e.trajectory
         if verbose:
@@ -422,7 +425,7 @@ def run_point(
     if check and traj.status == "complete":
         from .checks import check_run
 
-        report = check_run(d, **(check_kwargs or {})).to_json()
+        report = check_run(d, loss=loss, **(check_kwargs or {})).to_json()
     return traj, report
 
 
