@@ -30,10 +30,11 @@ Outputs
 - ``figures/published_run.png``.
 
 Runtime: the flow and GD cost one full gradient of N = 9000 sequences per
-evaluation / step. On the loaded 2-core machine this was written on, a GD
-step took ~0.3–0.7 s (so ``--gd-t1`` defaults to 1000 epochs, not 5·10⁴),
-the flow to t = 5·10⁴ see the README. Both runs can be resumed (``--resume``)
-and extended to a later end time.
+evaluation / step. On the loaded 2-core machine this was written on, GD took
+1,411 s to 1000 epochs (so ``--gd-t1`` defaults to 1000, not 5·10⁴); the flow
+is stiff once c has concentrated (rates ∝ a/‖C‖², ‖C‖ = 0.026 conserved), and
+Tsit5 reached only t = 9.26 in 818 s (use ``--flow-method kvaerno5`` for a
+long run). Both runs resume (``--resume``) and extend to a later end time.
 
 Usage::
 
