@@ -158,6 +158,32 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
     return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
 
 
+def _steady_cond(rtol: float, atol: float):
+    """Boolean steady-state condition of a stage (extension; modelled on
+    ``diffrax.steady_state_event``, which it calls on the time-scaled field).
+
+    The stage has settled when ``τ ‖f(y)‖ < atol + rtol ‖y‖`` (RMS norms),
+    ``f = −Λ∇L̂`` the vector field of the moving block (its gradient times its
+    time scale) and ``τ = t − t_stage0`` the stage's own elapsed time (the
+    solve's ``args``): continuing for as long again would move the state by
+    less than one step's error tolerance of the solver. diffrax's own criterion
+    ``‖f‖ < atol + rtol‖y‖`` is not invariant under rescaling time; without the
+    factor τ it would also stop the flows that approach their limit like a
+    power of t (Stage II's ``1 − s ~ t^{-1}``, logits ``~ log t``, for which
+    ``τ‖f‖`` stays of order one), whereas at an attracting interior fixed
+    point ``τ‖f‖ → 0`` exponentially.
+    """
+    base = diffrax.steady_state_event(rtol=rtol, atol=atol)
+
+    def cond(t, y, args, *, terms, **kwargs):
+        tau = jnp.maximum(t - args, 0.0)
+        scaled = diffrax.ODETerm(lambda t_, y_, a_: jax.tree.map(lambda f: tau * f, terms.vf(t_, y_, a_)))
+        # False at the stage's start (τ = 0), where diffrax also evaluates boolean conditions
+        return (tau > 0) & base(t, y, args, terms=scaled, **kwargs)
+
+    return cond
+
+
 # ---------------------------------------------------------------------------
 # One segment: a single diffeqsolve
 # ---------------------------------------------------------------------------
@@ -171,8 +197,13 @@ def _fresh_carry(dtype):
 
 @eqx.filter_jit
 def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
-                   progress):  # fmt: skip
+                   progress, steady=False, t_stage0=None):  # fmt: skip
     """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
+
+    With ``steady`` (adaptive solvers, stages with an event), the solve also
+    stops when the stage has settled (:func:`_steady_cond`, elapsed time from
+    ``t_stage0``); ``stats["steady"]`` then says that this, not the stage's
+    event, ended it.
 
     ``carry`` is the step-size controller's state at the end of the previous
     solve of the stage (:func:`_fresh_carry` for the first); the controller
@@ -205,6 +236,9 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
             event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
         else:
             event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
+            if steady:
+                event = diffrax.Event([fn, _steady_cond(rtol, atol)], root_finder=event.root_finder,
+                                      direction=[True, None])  # fmt: skip
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf),
         solver,
@@ -212,6 +246,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         t1,
         dt0,
         y0,
+        args=t_stage0 if steady else None,
         saveat=diffrax.SaveAt(ts=ts, t1=True, controller_state=method != "gd"),
         stepsize_controller=controller,
         controller_state=controller_state,
@@ -222,7 +257,11 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         throw=False,
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ts, sol.ys, sol.result, sol.stats, (carry if method == "gd" else sol.controller_state)
+    stats = sol.stats
+    if steady and event_stage is not None and method != "gd":
+        event_fired, steady_fired = sol.event_mask
+        stats = dict(stats, steady=steady_fired & ~event_fired)
+    return sol.ts, sol.ys, sol.result, stats, (carry if method == "gd" else sol.controller_state)
 
 
 @eqx.filter_jit
@@ -358,7 +397,7 @@ def integrate(
         if rec is not None and rec.complete:
             new_end = rec.t0 + duration
             last = traj.stages[-1] is rec
-            if rec.ended_by == "event" or new_end <= rec.t1 * (1 + 1e-12) or not last:
+            if rec.ended_by in ("event", "steady") or new_end <= rec.t1 * (1 + 1e-12) or not last:
                 continue  # nothing to extend
             rec.complete = False
         if rec is None:
@@ -497,6 +536,8 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
         rec.wall = wall_before + time.perf_counter() - t_stage
         return y, t
 
+    # A stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond).
+    steady = event_stage is not None and cfg.solver.method_for(name) != "gd"
     grid = _grid(rec.t0, t_end, cfg)
     grid = grid[grid > t * (1 + 1e-12)]
     ended_by = "duration"
@@ -509,6 +550,7 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
             vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta), carry,
             method=sc.method_for(name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
             delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
+            steady=steady, t_stage0=f64(rec.t0) if steady else None,
         )  # fmt: skip
         ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
         rec.steps += int(stats["num_accepted_steps"])
@@ -530,7 +572,7 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
             print(f"  stage {name}: t = {t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {rec.steps}, "
                   f"nfev = {rec.nfev}, {rec.wall:.1f} s", flush=True)  # fmt: skip
         if result == diffrax.RESULTS.event_occurred:
-            ended_by = "event"
+            ended_by = "steady" if bool(stats.get("steady", False)) else "event"
             break
         if out is not None:
             save(traj, out)
