@@ -28,7 +28,7 @@ def test_stage1_rates_equal_flow_at_t0(norm):
     """The exact rates d/dt log(c_S/c_S') at t = 0 equal the flow's own, measured by
     Richardson-extrapolated finite differences of a very short integration of the
     flow's vector field (Stage I, η_C = 2.5)."""
-    cfg, loss, p = _setup(norm)
+    _cfg, loss, p = _setup(norm)
     eta = 2.5
     ex = laws.stage1_rates_exact(loss, p, rate=eta)
     vf = _VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
@@ -36,7 +36,7 @@ def test_stage1_rates_equal_flow_at_t0(norm):
     sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 2 * h, h / 8, {"C": p.C},
                               saveat=diffrax.SaveAt(ts=[h, 2 * h]),
                               stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-16))  # fmt: skip
-    logc = lambda C: np.log(np.asarray(C, np.float64) ** 2)  # noqa: E731
+    logc = lambda C: np.log(np.asarray(C, np.float64) ** 2)
     l0, l1, l2 = logc(p.C), logc(sol.ys["C"][0]), logc(sol.ys["C"][1])
     r_fd = (4 * l1 - l2 - 3 * l0) / (2 * h)  # O(h²)
     diff_fd = r_fd[:, None] - r_fd[None, :]
@@ -48,7 +48,7 @@ def test_stage1_rates_equal_flow_at_t0(norm):
 
 def test_small_a_rates_sum_norm_are_the_J_linearisation():
     """norm="sum": 2 a η_C ∂G/∂C_S / C_S differences = 4 a η_C (J(S) − J(S'))/‖C‖², to rounding."""
-    cfg, loss, p = _setup("sum")
+    _cfg, loss, p = _setup("sum")
     a, eta = 0.01, 1.7
     sm = laws.stage1_rates_small_a(loss, p.w, p.C, a, rate=eta)
     J = stage1_rates(loss, p.w).J
@@ -61,7 +61,7 @@ def test_small_a_rates_layer_norm_first_order_in_a():
     falls 10× when a falls 10×; and the layer-norm rates are not the J linearisation."""
     gaps = []
     for a0 in (1e-2, 1e-3):
-        cfg, loss, p = _setup("layer", a0=a0)
+        _cfg, loss, p = _setup("layer", a0=a0)
         ex = laws.stage1_rates_exact(loss, p)
         sm = laws.stage1_rates_small_a(loss, p.w, p.C, a0)
         gaps.append(np.max(np.abs(ex.diff - sm.diff)) / np.max(np.abs(ex.diff)))
@@ -74,7 +74,7 @@ def test_small_a_rates_layer_norm_first_order_in_a():
 
 def test_selector_gain_sum_norm_is_linear_in_c():
     """G(c) = Σ (c_S/Σc) J(S) for norm="sum", at a random C."""
-    cfg, loss, p = _setup("sum")
+    _cfg, loss, p = _setup("sum")
     C = jnp.asarray(np.random.default_rng(0).uniform(0.1, 1.0, p.C.shape))
     G, _ = laws.selector_gain(loss, p.w, C)
     J = stage1_rates(loss, p.w).J
@@ -147,7 +147,7 @@ def test_layer_norm_near_onehot_partial_window_is_a_cosine():
 
 def test_ce_on_probs_gih_force_is_minus_dloss_da():
     """F(a) of the ce_on_probs GIH equals −dL_GIH/da by central differences."""
-    cfg, loss, _ = _setup("sum", loss="ce_on_probs", N=300)
+    _cfg, loss, _ = _setup("sum", loss="ce_on_probs", N=300)
     gih = make_gih(loss, (1, 2))
     assert gih.kind == "ce_on_probs"
     h = 1e-4
@@ -163,7 +163,7 @@ def test_gih_tail_constant(kind, a1):
     """K = lim e^a F(a) and L(a) − L_∞ ≈ K e^{−a}: the errors fall like e^{−a}. (For the
     log loss the tail starts only where e^{−a} ≪ ε: tokens absent from the matches
     contribute −p₀(e)/ε to K, which is then negative: F < 0 for all large a.)"""
-    cfg, loss, _ = _setup("sum", loss=kind, N=300)
+    _cfg, loss, _ = _setup("sum", loss=kind, N=300)
     gih = make_gih(loss, (1, 2))
     tail = laws.gih_tail(gih)
     Lf, Ff = eqx.filter_jit(gih.loss), eqx.filter_jit(gih.force)
