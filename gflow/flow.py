@@ -158,28 +158,52 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
     return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
 
 
-def _steady_cond(rtol: float, atol: float):
-    """Boolean steady-state condition of a stage (extension; modelled on
-    ``diffrax.steady_state_event``, which it calls on the time-scaled field).
+def _event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
+    """What a stage's event reads: ``c/Σc`` (Stage I) or the attention rows
+    ``s^(h)`` of the selected heads (Stage II)."""
+    if stage == "I":
+        c = y["C"] ** 2
+        return c / c.sum()
+    s = jax.nn.softmax(y["w"], axis=-1)
+    return jnp.stack([s[h - 1] for h in heads])
 
-    The stage has settled when ``τ ‖f(y)‖ < atol + rtol ‖y‖`` (RMS norms),
-    ``f = −Λ∇L̂`` the vector field of the moving block (its gradient times its
-    time scale) and ``τ = t − t_stage0`` the stage's own elapsed time (the
-    solve's ``args``): continuing for as long again would move the state by
-    less than one step's error tolerance of the solver. diffrax's own criterion
-    ``‖f‖ < atol + rtol‖y‖`` is not invariant under rescaling time; without the
-    factor τ it would also stop the flows that approach their limit like a
-    power of t (Stage II's ``1 − s ~ t^{-1}``, logits ``~ log t``, for which
-    ``τ‖f‖`` stays of order one), whereas at an attracting interior fixed
-    point ``τ‖f‖ → 0`` exponentially.
+
+# A stage has settled when running it as long again would move its event's coordinates by less than
+# this fraction of δ (the resolution at which the event reads them).
+STEADY_FRACTION = 0.1
+
+
+def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
+    """Boolean steady-state condition of a stage with an event (extension):
+    ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
+    ``rtol = 0``) applied to ``τ·dφ/dt``, where ``φ`` are the coordinates the
+    event reads (:func:`_event_coordinates`), ``dφ/dt = Jφ·f`` along the
+    vector field ``f = −Λ∇L̂`` (the moving block's gradient times its time
+    scale) and ``τ = t − t_stage0`` the stage's elapsed time (the solve's
+    ``args``).
+
+    Why these choices: (i) the factor τ makes the test invariant under a
+    rescaling of time — a stage that ran to τ has settled when running it as
+    long again would change ``φ`` by less than the tolerance; diffrax's plain
+    ``‖f‖ < atol + rtol‖y‖`` is not, and stops slow stages early or fast ones
+    late. (ii) ``φ``, not the logits ``w``: a copier approaching a face of the
+    simplex (``s_i → 0``) has logits moving like ``log t`` (``τ‖ẇ‖`` stays of
+    order one), so no tolerance on ``w`` ever ends such a stage. (iii) The
+    tolerance ``δ/10``: an approach to the event like a power ``1 − s ~ τ^{−β}``
+    has ``τ ṡ = β(1 − s) > βδ`` until the event fires, so only approaches
+    slower than ``β = 1/10`` could be mistaken for steady; the solver's error
+    (rtol ≈ 1e-8) is far below it.
     """
-    base = diffrax.steady_state_event(rtol=rtol, atol=atol)
+    base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=lambda x: jnp.max(jnp.abs(x)))
 
     def cond(t, y, args, *, terms, **kwargs):
         tau = jnp.maximum(t - args, 0.0)
-        scaled = diffrax.ODETerm(lambda t_, y_, a_: jax.tree.map(lambda f: tau * f, terms.vf(t_, y_, a_)))
+        f = terms.vf(t, y, args)
+        _, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
+        rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
+        zero = jnp.zeros_like(dphi)
         # False at the stage's start (τ = 0), where diffrax also evaluates boolean conditions
-        return (tau > 0) & base(t, y, args, terms=scaled, **kwargs)
+        return (tau > 0) & base(t, zero, args, terms=rate, **kwargs)
 
     return cond
 
@@ -237,7 +261,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         else:
             event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
             if steady:
-                event = diffrax.Event([fn, _steady_cond(rtol, atol)], root_finder=event.root_finder,
+                event = diffrax.Event([fn, _steady_cond(event_stage, heads, delta)], root_finder=event.root_finder,
                                       direction=[True, None])  # fmt: skip
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf),
