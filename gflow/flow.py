@@ -176,34 +176,41 @@ STEADY_FRACTION = 0.1
 def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
     """Boolean steady-state condition of a stage with an event (extension):
     ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
-    ``rtol = 0``) applied to ``τ·dφ/dt``, where ``φ`` are the coordinates the
-    event reads (:func:`_event_coordinates`), ``dφ/dt = Jφ·f`` along the
-    vector field ``f = −Λ∇L̂`` (the moving block's gradient times its time
-    scale) and ``τ = t − t_stage0`` the stage's elapsed time (the solve's
-    ``args``).
+    ``rtol = 0``) applied to ``τ·dφ/dt``, and ``τ‖dφ/dt‖ < STEADY_FRACTION·‖φ − φ₀‖``,
+    where ``φ`` are the coordinates the event reads (:func:`_event_coordinates`),
+    ``dφ/dt = Jφ·f`` along the vector field ``f = −Λ∇L̂`` (the moving block's
+    gradient times its time scale), ``τ = t − t_stage0`` the stage's elapsed
+    time and ``φ₀`` the coordinates at the stage's start (the solve's ``args``
+    are ``(t_stage0, φ₀)``).
 
     Why these choices: (i) the factor τ makes the test invariant under a
     rescaling of time — a stage that ran to τ has settled when running it as
     long again would change ``φ`` by less than the tolerance; diffrax's plain
     ``‖f‖ < atol + rtol‖y‖`` is not, and stops slow stages early or fast ones
-    late. (ii) ``φ``, not the logits ``w``: a copier approaching a face of the
+    late. (ii) The second condition asks that the flow has decelerated: its
+    rate is a tenth of its average rate ``‖φ − φ₀‖/τ`` so far (early in a slow
+    stage ``τ‖dφ/dt‖ ≈ ‖φ − φ₀‖`` is small too, without any settling).
+    (iii) ``φ``, not the logits ``w``: a copier approaching a face of the
     simplex (``s_i → 0``) has logits moving like ``log t`` (``τ‖ẇ‖`` stays of
-    order one), so no tolerance on ``w`` ever ends such a stage. (iii) The
+    order one), so no tolerance on ``w`` ever ends such a stage. (iv) The
     tolerance ``δ/10``: an approach to the event like a power ``1 − s ~ τ^{−β}``
     has ``τ ṡ = β(1 − s) > βδ`` until the event fires, so only approaches
     slower than ``β = 1/10`` could be mistaken for steady; the solver's error
     (rtol ≈ 1e-8) is far below it.
     """
-    base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=lambda x: jnp.max(jnp.abs(x)))
+    inf_norm = lambda x: jnp.max(jnp.abs(x))  # noqa: E731
+    base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=inf_norm)
 
     def cond(t, y, args, *, terms, **kwargs):
-        tau = jnp.maximum(t - args, 0.0)
+        t_stage0, phi0 = args
+        tau = jnp.maximum(t - t_stage0, 0.0)
         f = terms.vf(t, y, args)
-        _, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
+        phi, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
         rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
-        zero = jnp.zeros_like(dphi)
+        small = base(t, jnp.zeros_like(dphi), args, terms=rate, **kwargs)
+        decelerated = tau * inf_norm(dphi) < STEADY_FRACTION * inf_norm(phi - phi0)
         # False at the stage's start (τ = 0), where diffrax also evaluates boolean conditions
-        return (tau > 0) & base(t, zero, args, terms=rate, **kwargs)
+        return (tau > 0) & small & decelerated
 
     return cond
 
@@ -225,8 +232,8 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
     """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
 
     With ``steady`` (adaptive solvers, stages with an event), the solve also
-    stops when the stage has settled (:func:`_steady_cond`, elapsed time from
-    ``t_stage0``); ``stats["steady"]`` then says that this, not the stage's
+    stops when the stage has settled (:func:`_steady_cond`; ``t_stage0`` is
+    ``(stage start time, event coordinates there)``); ``stats["steady"]`` then says that this, not the stage's
     event, ended it.
 
     ``carry`` is the step-size controller's state at the end of the previous
@@ -562,6 +569,10 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
 
     # A stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond).
     steady = event_stage is not None and cfg.solver.method_for(name) != "gd"
+    if steady:  # the event's coordinates at the stage's start (a resumed stage: its first saved row)
+        i0 = min(int(np.searchsorted(traj.ts, rec.t0 * (1 - 1e-12))), len(traj.ts) - 1)
+        st0 = traj.state(i0)
+        phi0 = _event_coordinates(name, {b: jnp.asarray(st0[b], dtype) for b in moves}, heads)
     grid = _grid(rec.t0, t_end, cfg)
     grid = grid[grid > t * (1 + 1e-12)]
     ended_by = "duration"
@@ -574,7 +585,7 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
             vf, y_moving, f64(t), f64(float(seg[-1])), f64(seg), f64(sc.eta), carry,
             method=sc.method_for(name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
             delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
-            steady=steady, t_stage0=f64(rec.t0) if steady else None,
+            steady=steady, t_stage0=(f64(rec.t0), phi0) if steady else None,
         )  # fmt: skip
         ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
         rec.steps += int(stats["num_accepted_steps"])
