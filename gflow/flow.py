@@ -198,7 +198,7 @@ def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
     slower than ``β = 1/10`` could be mistaken for steady; the solver's error
     (rtol ≈ 1e-8) is far below it.
     """
-    inf_norm = lambda x: jnp.max(jnp.abs(x))  # noqa: E731
+    inf_norm = lambda x: jnp.max(jnp.abs(x))
     base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=inf_norm)
 
     def cond(t, y, args, *, terms, **kwargs):
