@@ -38,6 +38,7 @@ from .config import Config as Config
 from .config import load_config as load_config
 from .flow import FlowError as FlowError
 from .flow import integrate as integrate
+from .theory import Theory as Theory
 from .theory import format_theory as format_theory
 from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory

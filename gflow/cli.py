@@ -143,8 +143,9 @@ def _dispatch(args) -> int:
         from .theory import format_theory, theory_report
 
         cfg = load_config(args.config)
-        rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi)
-        print(json.dumps(rep, indent=2) if args.json else format_theory(rep))
+        sc = cfg.schedule
+        rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
+        print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
         return 0
 
     if args.cmd == "check":
@@ -200,6 +201,13 @@ def _check(out: Path, *, quiet: bool) -> bool:
     rep = check_run(out)
     if not quiet:
         print(rep.table())
+    v = rep.verdict
+    if quiet:
+        return rep.passed
+    # the paper verdict is the scientific result; only a gflow failure is an error (exit 1)
+    print(f"gflow check: paper verdict {v['paper'].upper()}; gflow verdict {v['gflow'].upper()}"
+          f" (selected {rep.theory.get('selected')}, S* = {rep.theory.get('S_star')}, "
+          f"argmax J = {rep.theory.get('argmax_J')})")  # fmt: skip
     return rep.passed
 
 

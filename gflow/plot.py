@@ -1,7 +1,7 @@
 """The figures of a run (SPEC §7).
 
 One function per figure, each taking the :class:`~gflow.trajectory.Trajectory`
-and the theory (the dict of :func:`gflow.theory.theory_report`, or ``None``
+and the theory (the :class:`gflow.theory.Theory`, or its JSON dict, or ``None``
 for the run alone) and returning the matplotlib ``Figure``:
 
 - :func:`plot_c_frac`: the selector weights ``c_S/Σc`` of every ``S ∈ 𝒮``;
@@ -39,12 +39,14 @@ freed as soon as it is no longer referenced.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from ._fit import linear_fit
+from ._gih import StageIIILaw
+from ._io import STAGE_CODES
+from .theory import Theory, load_or_compute, selected_set
 from .trajectory import StageRecord, Trajectory, load
 
 __all__ = [
@@ -59,7 +61,7 @@ __all__ = [
     "run_theory",
 ]
 
-_STAGE_CODE = {"I": 1, "II": 2, "III": 3, "joint": 0}
+_STAGE_CODE = STAGE_CODES
 _FORMATS = ("png", "svg", "pdf")
 DPI = 120
 
@@ -166,24 +168,36 @@ def _root(fig):
     return fig.figure  # a SubFigure's .figure is the root Figure; a Figure's is itself
 
 
-def _stage3(theory: dict | None) -> dict | None:
-    return None if theory is None else theory.get("stage3")
+def _as_theory(theory):
+    """A :class:`~gflow.theory.Theory` (or its JSON dict, or ``None``) as a Theory."""
+    if theory is None or isinstance(theory, Theory):
+        return theory
+    return Theory.from_json(theory)
 
 
-def _window(theory: dict | None) -> tuple[float, float] | None:
-    s3 = _stage3(theory)
-    if s3 is None or s3.get("window") is None or None in s3["window"]:
+def _stage3(traj: Trajectory, theory) -> StageIIILaw | None:
+    """The GIH law of the set Stage I selected (README §M8.1: Stage III follows the
+    selected set), else of the theory's ``S*``."""
+    theory = _as_theory(theory)
+    if theory is None:
         return None
-    return float(s3["window"][0]), float(s3["window"][1])
+    S = selected_set(traj)
+    return theory.laws[S] if S in theory.laws else theory.laws.get(theory.S_star)
 
 
-def _s_star(traj: Trajectory, theory: dict | None) -> tuple[int, ...] | None:
-    if theory is not None and theory.get("mi", {}).get("S_star") is not None:
-        return tuple(theory["mi"]["S_star"])
-    return None
+def _window(traj: Trajectory, theory) -> tuple[float, float] | None:
+    law = _stage3(traj, theory)
+    if law is None or not all(np.isfinite(law.window)):
+        return None
+    return float(law.window[0]), float(law.window[1])
 
 
-def _selected_heads(traj: Trajectory, theory: dict | None) -> tuple[int, ...]:
+def _s_star(traj: Trajectory, theory) -> tuple[int, ...] | None:
+    theory = _as_theory(theory)
+    return None if theory is None else theory.S_star
+
+
+def _selected_heads(traj: Trajectory, theory: Theory | dict | None) -> tuple[int, ...]:
     """Stage II's heads (the set Stage I selected), else the theory's ``S*``."""
     for r in traj.stages:
         if r.selected:
@@ -193,11 +207,6 @@ def _selected_heads(traj: Trajectory, theory: dict | None) -> tuple[int, ...]:
 
 def _label(S) -> str:
     return "∅" if not S else "{" + ",".join(map(str, S)) + "}"
-
-
-def _arr(xs) -> np.ndarray:
-    """A theory list (``None`` for non-finite values) as a float array."""
-    return np.array([np.nan if v is None else v for v in xs], float)
 
 
 def _rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +220,7 @@ def _rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------
 
 
-def fit_a_log_tau(traj: Trajectory, theory: dict | None) -> dict | None:
+def fit_a_log_tau(traj: Trajectory, theory: Theory | dict | None) -> dict | None:
     """Least-squares line ``a = slope·ln τ + intercept`` over the saved points of
     the stage in which ``a`` moves (Stage III, or the joint phase) whose ``a``
     lies in the theory's validity window ``{F e^a ≥ C*/2}`` (SPEC §6.4; the
@@ -222,7 +231,7 @@ def fit_a_log_tau(traj: Trajectory, theory: dict | None) -> dict | None:
     ``None`` when there is no window, no moving ``a``, or fewer than two points
     in the window.
     """
-    win = _window(theory)
+    win = _window(traj, theory)
     seg = _a_segment(traj)
     if win is None or seg is None:
         return None
@@ -230,7 +239,7 @@ def fit_a_log_tau(traj: Trajectory, theory: dict | None) -> dict | None:
     m = (seg.tau > 0) & (a >= win[0]) & (a <= win[1])
     if m.sum() < 2:
         return None
-    slope, intercept = np.polyfit(np.log(seg.tau[m]), a[m], 1)
+    slope, intercept, _ = linear_fit(np.log(seg.tau[m]), a[m])
     return {
         "slope": float(slope),
         "intercept": float(intercept),
@@ -247,7 +256,7 @@ def fit_a_log_tau(traj: Trajectory, theory: dict | None) -> dict | None:
 
 
 def plot_c_frac(
-    traj: Trajectory, theory: dict | None = None, *, fig=None, stages=None, compact: bool = False
+    traj: Trajectory, theory: Theory | dict | None = None, *, fig=None, stages=None, compact: bool = False
 ):
     """``c_S/Σc`` against ``log τ`` for every ``S ∈ 𝒮`` (one line each, labelled
     by its offsets, ``"∅"``, ``"{1,2}"``), one panel per stage (`stages`: the
@@ -311,7 +320,7 @@ def plot_c_frac(
 
 def plot_copier(
     traj: Trajectory,
-    theory: dict | None = None,
+    theory: Theory | dict | None = None,
     *,
     fig=None,
     before: int = 0,
@@ -377,7 +386,7 @@ def plot_copier(
 # ---------------------------------------------------------------------------
 
 
-def plot_a_vs_logt(traj: Trajectory, theory: dict | None = None, *, ax=None, compact: bool = False):
+def plot_a_vs_logt(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None, compact: bool = False):
     """``a`` against ``log τ`` in the stage where ``a`` moves (Stage III:
     ``τ = t − t_III``; a joint run: ``t``), with the validity window shaded,
     ``a*`` (the zero of ``F``) as a horizontal line, the least-squares line
@@ -400,19 +409,19 @@ def plot_a_vs_logt(traj: Trajectory, theory: dict | None = None, *, ax=None, com
         return _root(ax.figure)
     pos = seg.tau > 0
     tau, a = seg.tau[pos], traj.a[seg.idx[pos]]
-    win = _window(theory)
-    s3 = _stage3(theory)
+    win = _window(traj, theory)
+    s3 = _stage3(traj, theory)
     if win is not None:
         what = "window" if compact else r"validity window $F e^a \geq C^*/2$:"
         ax.axhspan(
             win[0], win[1], color="tab:green", alpha=0.13, label=f"{what} [{win[0]:.3g}, {win[1]:.3g}]"
         )
-    if s3 is not None and s3.get("a_star") is not None:
-        se = s3.get("a_star_se")
+    if s3 is not None and s3.a_star is not None:
+        se = s3.a_star_se
         pm = f" ± {se:.2g}" if se is not None else ""
         what = "" if compact else r"  ($F(a^*) = 0$)"
         ax.axhline(
-            s3["a_star"], color="tab:red", ls="--", lw=1.4, label=rf"$a^*$ = {s3['a_star']:.4g}{pm}{what}"
+            s3.a_star, color="tab:red", ls="--", lw=1.4, label=rf"$a^*$ = {s3.a_star:.4g}{pm}{what}"
         )
     ax.plot(
         tau,
@@ -469,7 +478,7 @@ def plot_a_vs_logt(traj: Trajectory, theory: dict | None = None, *, ax=None, com
 # ---------------------------------------------------------------------------
 
 
-def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact: bool = False):
+def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None, compact: bool = False):
     """The measured ``∂ₜa·e^a`` (``∂ₜa = −η_a ∂L̂/∂a`` at the saved points of the
     stage where ``a`` moves, with ±1 SE bars from the gradient's Monte Carlo SE)
     against ``a``, with the theory's ``F(a)·e^a`` of the GIH and its ±1 SE band,
@@ -478,8 +487,8 @@ def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact:
     if ax is None:
         ax = _new_figure(_SIZE_SINGLE).subplots()
     seg = _a_segment(traj)
-    s3 = _stage3(theory)
-    win = _window(theory)
+    s3 = _stage3(traj, theory)
+    win = _window(traj, theory)
     a_meas = r_meas = None
     if seg is not None:
         a_meas = traj.a[seg.idx]
@@ -504,13 +513,13 @@ def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact:
     # x range: the measured a and the theory's landmarks, with a margin
     hi = [] if a_meas is None else [float(np.max(a_meas))]
     if s3 is not None:
-        hi += [x for x in (s3.get("a_star"), win and win[1], s3.get("a_C_star")) if x is not None]
+        hi += [x for x in (s3.a_star, win and win[1], s3.a_C_star) if x is not None]
     x_hi = 1.15 * max(hi) + 0.3 if hi else 1.0
     x_lo = min(0.0, float(np.min(a_meas))) if a_meas is not None else 0.0
     top = []
-    if s3 is not None and s3.get("curve"):
-        a = _arr(s3["curve"]["a"])
-        Fe, Fse = _arr(s3["curve"]["Fexp"]), _arr(s3["curve"]["Fexp_se"])
+    if s3 is not None:
+        a = s3.a
+        Fe, Fse = s3.Fexp, s3.Fexp_se
         m = a <= x_hi
         ax.fill_between(
             a[m], (Fe - Fse)[m], (Fe + Fse)[m], color="tab:orange", alpha=0.25, lw=0, label="GIH ±1 SE"
@@ -523,8 +532,8 @@ def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact:
             label=r"GIH: $F(a)\,e^a$" if compact else r"GIH theory: $F(a)\,e^a$, $F = -dL_{\rm GIH}/da$",
         )
         top.append(np.nanmax(Fe[m]))
-        if s3.get("C_star") is not None:
-            C = s3["C_star"]
+        if s3.C_star is not None:
+            C = s3.C_star
             ax.axhline(C, color="tab:purple", ls="--", lw=1.2, label=rf"$C^* = \max F e^a$ = {C:.4g}")
             ax.axhline(C / 2, color="tab:purple", ls=":", lw=1.0, label=r"$C^*/2$")
         if win is not None:
@@ -535,8 +544,8 @@ def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact:
                 alpha=0.13,
                 label=f"validity window [{win[0]:.3g}, {win[1]:.3g}]",
             )
-        if s3.get("a_star") is not None:
-            ax.axvline(s3["a_star"], color="tab:red", ls="--", lw=1.2, label=rf"$a^*$ = {s3['a_star']:.4g}")
+        if s3.a_star is not None:
+            ax.axvline(s3.a_star, color="tab:red", ls="--", lw=1.2, label=rf"$a^*$ = {s3.a_star:.4g}")
     if r_meas is not None:
         top.append(np.nanmax(r_meas))
     y_hi = 1.3 * max(top) if top and max(top) > 0 else 1.0
@@ -565,7 +574,7 @@ def plot_rate(traj: Trajectory, theory: dict | None = None, *, ax=None, compact:
 # ---------------------------------------------------------------------------
 
 
-def plot_loss(traj: Trajectory, theory: dict | None = None, *, fig=None, stages=None, compact: bool = False):
+def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None, stages=None, compact: bool = False):
     """The loss ``L̂`` with its ±1 SE band against ``log τ``, one panel per stage
     (shared y axis; `stages` selects them; see the module's note on time axes),
     with the GIH's limit loss ``inf_a L_GIH`` and its SE as a horizontal line in
@@ -575,8 +584,8 @@ def plot_loss(traj: Trajectory, theory: dict | None = None, *, fig=None, stages=
     segs = _segments(traj, stages)
     fig = _new_figure(_SIZE_STAGES) if fig is None else fig
     axes = _stage_axes(fig, segs, 0.4 if compact else 0.3)
-    s3 = _stage3(theory)
-    lim = None if s3 is None else s3.get("limit_loss")
+    s3 = _stage3(traj, theory)
+    lim = None if s3 is None else s3.limit_loss
     for ax, seg in zip(axes, segs):
         pos = seg.tau > 0
         tau, idx = seg.tau[pos], seg.idx[pos]
@@ -584,9 +593,9 @@ def plot_loss(traj: Trajectory, theory: dict | None = None, *, fig=None, stages=
         ax.fill_between(tau, L - se, L + se, color="tab:blue", alpha=0.25, lw=0, label="±1 SE")
         ax.plot(tau, L, color="tab:blue", lw=1.8, label=r"loss $\hat L$")
         if lim is not None:
-            lse = s3.get("limit_loss_se") or 0.0
+            lse = s3.limit_loss_se or 0.0
             ax.axhspan(lim - lse, lim + lse, color="tab:red", alpha=0.12, lw=0)
-            where = r"$a\to\infty$" if s3.get("a_limit_is_inf") else f"a = {s3['a_limit']:.3g}"
+            where = r"$a\to\infty$" if np.isinf(s3.a_limit) else f"a = {s3.a_limit:.3g}"
             ax.axhline(
                 lim,
                 color="tab:red",
@@ -594,8 +603,8 @@ def plot_loss(traj: Trajectory, theory: dict | None = None, *, fig=None, stages=
                 lw=1.3,
                 label=rf"GIH limit $\inf_a L_{{\rm GIH}}$ = {lim:.4g} ± {lse:.2g} (at {where})",
             )
-        if s3 is not None and s3.get("curve") and seg.rec.name in ("III", "joint"):
-            ag, Lg = _arr(s3["curve"]["a"]), _arr(s3["curve"]["L"])
+        if s3 is not None and seg.rec.name in ("III", "joint"):
+            ag, Lg = s3.a, s3.L
             aa = traj.a[idx]
             ok = (aa >= ag[0]) & (aa <= ag[-1])
             ax.plot(
@@ -638,7 +647,7 @@ def plot_loss(traj: Trajectory, theory: dict | None = None, *, fig=None, stages=
 # ---------------------------------------------------------------------------
 
 
-def _summary_text(traj: Trajectory, theory: dict | None) -> str:
+def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     cfg = traj.config
     st = {r.name: r for r in traj.stages}
     lines = []
@@ -659,30 +668,30 @@ def _summary_text(traj: Trajectory, theory: dict | None) -> str:
     if "II" in st:
         lines.append(f"  ended at t = {_g(st['II'].t1)} (by {st['II'].ended_by})")
     lines.append("Stage III: a")
-    s3 = _stage3(theory)
+    s3 = _stage3(traj, theory)
     if s3 is not None:
-        win = _window(theory)
-        if s3.get("C_star") is not None:
-            lines.append(f"  theory   C* = {s3['C_star']:.4g} ± {s3.get('C_star_se') or 0:.2g}")
+        win = _window(traj, theory)
+        if s3.C_star is not None:
+            lines.append(f"  theory   C* = {s3.C_star:.4g} ± {s3.C_star_se or 0:.2g}")
         if win is not None:
             lines.append(f"           window = [{win[0]:.3g}, {win[1]:.3g}]")
-        if s3.get("a_star") is not None:
-            lines.append(f"           a* = {s3['a_star']:.4g} ± {s3.get('a_star_se') or 0:.2g}")
+        if s3.a_star is not None:
+            lines.append(f"           a* = {s3.a_star:.4g} ± {s3.a_star_se or 0:.2g}")
     fit = fit_a_log_tau(traj, theory)
     if fit is not None:
         lines.append(f"  measured slope of a vs ln τ = {fit['slope']:.3f} (paper: 1)")
     lines.append(f"           a(end) = {traj.a[-1]:.4g}")
     lines.append("Loss")
     lines.append(f"  {traj.loss[0]:.4f} → {traj.loss[-1]:.4f} ± {traj.loss_se[-1]:.2g}")
-    if s3 is not None and s3.get("limit_loss") is not None:
-        lines.append(f"  inf_a L_GIH = {s3['limit_loss']:.4f} ± {s3.get('limit_loss_se') or 0:.2g}")
+    if s3 is not None and s3.limit_loss is not None:
+        lines.append(f"  inf_a L_GIH = {s3.limit_loss:.4f} ± {s3.limit_loss_se or 0:.2g}")
     lines.append("")
     lines.append(f"status: {traj.status}; wall {traj.wall:.0f} s")
     lines.append(f"N = {cfg.estimator.N}, seed {cfg.estimator.seed}, solver {cfg.solver.method}")
     return "\n".join(lines)
 
 
-def plot_summary(traj: Trajectory, theory: dict | None = None, *, fig=None):
+def plot_summary(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None):
     """One page (15 × 9 in) telling the three stages' story, on a 2 × 3 grid:
     ``c_S/Σc`` where ``c`` moves (Stage I; the whole run for a joint run), the
     copier before/after (Stage II), ``a`` against ``log τ`` (Stage III); the
@@ -727,59 +736,11 @@ def plot_summary(traj: Trajectory, theory: dict | None = None, *, fig=None):
 # ---------------------------------------------------------------------------
 
 
-def _theory_is_for(theory, traj: Trajectory) -> bool:
-    """Whether a theory dict was computed for this run: the same 𝒮 and, when it
-    records its configuration (:func:`gflow.theory.theory_report` does), the
-    same data, model, estimator and initialisation."""
-    if not isinstance(theory, dict) or list(theory.get("labels") or []) != list(traj.labels):
-        return False
-    c = theory.get("config")
-    if c is None:
-        return True
-    cfg = traj.config
-    d, m, e, i = cfg.data, cfg.model, cfg.estimator, cfg.init
-    want = {
-        "data": {"d": d.d, "parents": list(d.parents), "alpha": float(d.alpha), "L": d.L, "start": d.start,
-                 "burn_in": d.burn_in, "fixed_kernel": d.kernel is not None},
-        "model": {"M": m.M, "H": m.H, "D": m.D, "norm": m.norm},
-        "estimator": {"N": e.N, "seed": e.seed, "eps": float(e.eps), "loss": e.loss},
-        "init": {"w_plus": float(i.w_plus), "w_minus": float(i.w_minus), "c0": float(i.c0),
-                 "a0": float(i.a0)},
-    }  # fmt: skip
-    try:
-        return all(c[sec].get(k) == v for sec, vals in want.items() for k, v in vals.items())
-    except (KeyError, AttributeError, TypeError):
-        return False
-
-
-def run_theory(run_dir: str | Path, traj: Trajectory | None = None) -> dict:
-    """The theory of a run: ``run_dir/theory.json`` if it is there and was
-    computed for this run (written by ``gflow check``), else
-    :func:`gflow.theory.theory_report` on the run's configuration and sample
-    (its defaults: 2000 prior kernels), saved as ``theory.json`` (replacing a
-    file computed for another configuration, e.g. an older run in the same
-    folder)."""
-    run_dir = Path(run_dir)
-    traj = load(run_dir) if traj is None else traj
-    path = run_dir / "theory.json"
-    if path.is_file():
-        try:
-            theory = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            theory = None
-        if _theory_is_for(theory, traj):
-            return theory
-    from .loss import make_loss
-    from .theory import theory_report
-
-    cfg = traj.config
-    theory = theory_report(
-        cfg.data, cfg.model, cfg.estimator, cfg.init, loss=make_loss(cfg.data, cfg.model, cfg.estimator)
-    )
-    tmp = run_dir / "theory.tmp.json"
-    tmp.write_text(json.dumps(theory, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
-    return theory
+def run_theory(run_dir: str | Path, traj: Trajectory | None = None) -> Theory:
+    """The theory of a run (:func:`gflow.theory.load_or_compute`): ``run_dir/theory.json``
+    if it belongs to the run (written by ``gflow check``), else computed on the
+    run's configuration and sample (2000 prior kernels) and saved."""
+    return load_or_compute(run_dir, traj)[0]
 
 
 _FIGURES = {
@@ -799,7 +760,7 @@ def plot_run(
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
     ``loss`` and ``summary``, in format `fmt` (png, svg or pdf; 120 dpi).
 
-    `theory`: a :func:`gflow.theory.theory_report` dict; default
+    `theory`: a :class:`gflow.theory.Theory` (or its JSON dict); default
     :func:`run_theory` (``theory.json``, computed and saved if missing).
     Raises ``FileNotFoundError`` if `run_dir` holds no run. Returns the paths
     written, in the order above.

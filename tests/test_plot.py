@@ -4,11 +4,12 @@ label, heatmaps holding s(t), the a-vs-log τ fit equal to an independent least
 squares, the rate equal to −η_a ∂L̂/∂a·e^a), the files written by ``plot_run``
 and ``gflow plot``, and the error paths.
 
-The run is synthetic (no integration) and the theory a hand-made dict with
-the keys of :func:`gflow.theory.theory_report`, so the file runs in seconds; a
+The run is synthetic (no integration) and the theory a hand-made
+:class:`gflow.theory.Theory` with a made-up GIH law, so the file runs in seconds; a
 slow test runs the real pipeline (integrate, theory, plot) on a tiny config.
 """
 
+import dataclasses
 import json
 import re
 import struct
@@ -20,6 +21,7 @@ import gflow
 from gflow import plot as gplot
 from gflow.cli import main
 from gflow.config import Config
+from gflow.theory import ChiSquaredRanking, Stage1Duration, StageIIILaw, StageIRates, Theory
 from gflow.trajectory import StageRecord, Trajectory, save
 
 NAMES = ["c_frac", "copier", "a_vs_logt", "rate", "loss", "summary"]
@@ -95,44 +97,40 @@ def _joint_traj() -> Trajectory:
     return traj
 
 
-def _theory(labels) -> dict:
-    """A theory dict with :func:`gflow.theory.theory_report`'s keys, from a
-    made-up law F(a)·e^a = 0.5 (1 + a)(1 − e^{a − 3.5}) (zero at a* = 3.5)."""
+def _theory(sets) -> Theory:
+    """A :class:`gflow.theory.Theory` whose GIH law of {1,2} is the made-up law
+    F(a)·e^a = 0.5 (1 + a)(1 − e^{a − 3.5}) (zero at a* = 3.5), with {1,2} winning
+    every ranking (the Stage I numbers are placeholders the figures do not read)."""
+    sets = tuple(tuple(S) for S in sets)
     a = np.linspace(0.0, 30.0, 601)
     Fexp = 0.5 * (1 + a) * (1 - np.exp(a - 3.5))
     F = Fexp * np.exp(-a)
     i = int(np.argmax(Fexp))
     inside = np.flatnonzero(Fexp >= Fexp[i] / 2)
     L = 0.7 - np.cumsum(F) * (a[1] - a[0])
-    return {
-        "labels": list(labels),
-        "sets": [],
-        "mi": {"S_star": [1, 2], "S_star_label": "{1,2}"},
-        "stage3": {
-            "S": [1, 2],
-            "label": "{1,2}",
-            "C_star": float(Fexp[i]),
-            "C_star_se": 0.01,
-            "a_C_star": float(a[i]),
-            "window": [float(a[inside[0]]), float(a[inside[-1]])],
-            "a_star": 3.5,
-            "a_star_se": 0.05,
-            "limit_loss": float(L.min()),
-            "limit_loss_se": 0.005,
-            "a_limit": 3.5,
-            "a_limit_is_inf": False,
-            "curve": {
-                "a": a.tolist(),
-                "F": F.tolist(),
-                "F_se": (0.01 * np.exp(-a)).tolist(),
-                "Fexp": Fexp.tolist(),
-                "Fexp_se": np.full_like(a, 0.01).tolist(),
-                "L": L.tolist(),
-                "L_se": np.full_like(a, 0.005).tolist(),
-            },
-        },
-        "notes": [],
-    }
+    win = (float(a[inside[0]]), float(a[inside[-1]]))
+    law = StageIIILaw(
+        S=(1, 2), a=a, F=F, F_se=0.01 * np.exp(-a), Fexp=Fexp, Fexp_se=np.full_like(a, 0.01), L=L,
+        L_se=np.full_like(a, 0.005), C_star=float(Fexp[i]), C_star_se=0.01, a_C_star=float(a[i]), window=win,
+        window_intervals=(win,), window_is_interval=True, window_clipped=(False, False), a_star=3.5,
+        a_star_se=0.05, F_zeros=(3.5,), L_inf=float(L[-1]), limit_loss=float(L.min()), limit_loss_se=0.005,
+        a_limit=3.5,
+    )  # fmt: skip
+    n = len(sets)
+    top = sets.index((1, 2)) if (1, 2) in sets else n - 1
+    score = np.arange(n, dtype=float)
+    score[top] = n
+    order = tuple(int(j) for j in np.argsort(-score, kind="stable"))
+    zeros = np.zeros(n)
+    rank = ChiSquaredRanking(
+        sets=sets, Itilde=score, Itilde_se=zeros, chi2=score, chi2_se=zeros, diff_se=np.zeros((n, n)), order=order,
+        S_star=sets[top], gap=1.0, gap_se=0.0, close_call=False, n_pi=1,
+    )  # fmt: skip
+    rates = StageIRates(sets=sets, J=score, J_se=zeros, diff_se=np.zeros((n, n)), L0=0.7)
+    return Theory(
+        config={}, sets=sets, ranking=rank, rates=rates, a0=0.01, C0=np.full(n, 0.1), eta_C=1.0, delta=0.01,
+        duration=Stage1Duration(t=5.0, S=sets[top], index=top, rate=1.0), laws={sets[top]: law},
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +140,14 @@ def traj():
 
 @pytest.fixture(scope="module")
 def theory(traj):
-    return _theory(traj.labels)
+    return _theory(traj.subsets)
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, traj, theory):
     d = tmp_path_factory.mktemp("run")
     save(traj, d)
-    (d / "theory.json").write_text(json.dumps(theory))
+    (d / "theory.json").write_text(json.dumps(theory.to_json()))
     return d
 
 
@@ -267,8 +265,8 @@ def test_a_vs_logt_slope_is_an_independent_least_squares(traj, theory, tmp_path)
 
 def test_fit_needs_a_window(traj, theory):
     assert gplot.fit_a_log_tau(traj, None) is None
-    narrow = json.loads(json.dumps(theory))
-    narrow["stage3"]["window"] = [10.0, 11.0]  # no saved a there
+    narrow = json.loads(json.dumps(theory.to_json()))
+    narrow["laws"]["{1,2}"]["window"] = [10.0, 11.0]  # no saved a there
     assert gplot.fit_a_log_tau(traj, narrow) is None
     gplot.plot_a_vs_logt(traj, narrow)  # still draws, without the fit
 
@@ -396,6 +394,12 @@ def test_plot_run_on_a_folder_without_a_run(tmp_path):
         gplot.plot_run(tmp_path / "nowhere")
 
 
+def _without_config(th) -> dict:
+    js = json.loads(json.dumps(th.to_json() if isinstance(th, Theory) else th))
+    js.pop("config")
+    return js
+
+
 def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, one_figure):
     import gflow.loss
     import gflow.theory
@@ -415,37 +419,52 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
     cfg = traj.config
     data, model, estimator, init, kw = calls[0]
     assert (data, model, estimator, init) == (cfg.data, cfg.model, cfg.estimator, cfg.init)
-    assert kw == {"loss": ("the run's loss", (cfg.data, cfg.model, cfg.estimator))}
-    assert json.loads((d / "theory.json").read_text()) == theory
-    assert gplot.run_theory(d) == theory  # read back, not recomputed
+    assert kw["loss"] == ("the run's loss", (cfg.data, cfg.model, cfg.estimator))
+    assert (kw["eta_C"], kw["delta"]) == (cfg.schedule.eta_C, cfg.schedule.delta)
+    stored = json.loads((d / "theory.json").read_text())
+    assert _without_config(stored) == _without_config(theory)
+    # stamped with what it was computed for: the run's configuration key
+    assert stored["config"]["estimator"]["seed"] == cfg.estimator.seed and stored["config"]["n_pi"] == 2000
+    assert _without_config(gplot.run_theory(d)) == _without_config(theory)  # read back, not recomputed
     assert len(calls) == 1
     # a theory.json for another 𝒮, another configuration, or unreadable is recomputed
-    other = _theory(traj.labels)
-    other["config"] = {"data": {"L": traj.config.data.L + 1}, "model": {}, "estimator": {}, "init": {}}
-    for text in (json.dumps(_theory(["∅", "{1}"])), json.dumps(other), "{not json"):
+    other = json.loads(json.dumps(stored))
+    other["config"]["data"]["L"] += 1
+    wrong_sets = _theory([(), (1,)]).to_json()
+    for text in (json.dumps(wrong_sets), json.dumps(other), "{not json"):
         (d / "theory.json").write_text(text)
         n = len(calls)
-        assert gplot.run_theory(d) == theory and len(calls) == n + 1
-        assert json.loads((d / "theory.json").read_text()) == theory
+        assert _without_config(gplot.run_theory(d)) == _without_config(theory) and len(calls) == n + 1
+        assert json.loads((d / "theory.json").read_text()) == stored
 
 
-def test_theory_json_of_theory_report_is_recognised(traj, theory):
-    """A theory.json as theory_report writes it (with its "config") is used
-    when its configuration is the run's."""
+def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, monkeypatch):
+    """load_or_compute reuses a theory.json whose configuration key is the run's,
+    and recomputes one with another estimator seed."""
+    import gflow.loss
+    import gflow.theory
+    from gflow.theory import config_key, load_or_compute
+
     cfg = traj.config
-    th = dict(theory)
-    d, m, e, i = cfg.data, cfg.model, cfg.estimator, cfg.init
-    th["config"] = {
-        "data": {"d": d.d, "parents": list(d.parents), "alpha": d.alpha, "L": d.L, "start": d.start,
-                 "burn_in": d.burn_in, "fixed_kernel": False},
-        "model": {"M": m.M, "H": m.H, "D": m.D, "norm": m.norm},
-        "estimator": {"N": e.N, "seed": e.seed, "eps": e.eps, "loss": "log"},
-        "init": {"w_plus": i.w_plus, "w_minus": i.w_minus, "c0": i.c0, "a0": i.a0},
-        "n_pi": 2000, "pi_seed": 0,
-    }  # fmt: skip
-    assert gplot._theory_is_for(json.loads(json.dumps(th)), traj)
-    th["config"]["estimator"]["seed"] += 1
-    assert not gplot._theory_is_for(th, traj)
+    key = config_key(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=2000, pi_seed=0,
+                     eta_C=cfg.schedule.eta_C, delta=cfg.schedule.delta)  # fmt: skip
+    key["n_pi_asked"] = 2000
+    d = tmp_path / "run"
+    save(traj, d)
+    js = dataclasses.replace(theory, config=key).to_json()
+    (d / "theory.json").write_text(json.dumps(js))
+    got, how = load_or_compute(d, traj)
+    assert how == "reused" and got.S_star == (1, 2) and got.law((1, 2)).a_star == 3.5
+
+    def fail(*a, **k):
+        raise RuntimeError("recomputed")
+
+    monkeypatch.setattr(gflow.theory, "theory_report", fail)
+    monkeypatch.setattr(gflow.loss, "make_loss", lambda *cfgs: None)
+    js["config"]["estimator"]["seed"] += 1
+    (d / "theory.json").write_text(json.dumps(js))
+    with pytest.raises(RuntimeError, match="recomputed"):
+        load_or_compute(d, traj)
 
 
 def test_cli_plot(run_dir, tmp_path, capsys, one_figure):

@@ -6,17 +6,21 @@ import itertools
 import json
 import math
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-import equinox as eqx
 import numpy as np
 import pytest
 
+from gflow.config import Config
 from gflow.data import DataConfig, sample
 from gflow.loss import EstimatorConfig, make_loss
 from gflow.model import InitConfig, ModelConfig, Params, features, init_params
 from gflow.theory import (
+    LAW_COVERAGE,
+    Theory,
     chi2_mi,
+    covers,
     dlogc_dt,
     first_order_slope,
     format_theory,
@@ -25,6 +29,7 @@ from gflow.theory import (
     log_ratio_slope,
     make_gih,
     modified_chi2_ranking,
+    predicted_stage1_duration,
     stage1_rates,
     stage3_law,
     theory_report,
@@ -321,7 +326,7 @@ def test_gih_law_matches_finite_differences_and_the_model(kind):
 def test_stage3_landmarks_satisfy_their_definitions(loss_d3):
     gih = make_gih(loss_d3, (1, 2))
     law = stage3_law(gih, a_max=30.0, n_grid=301)
-    Fe = lambda a: float(gih.force(a)) * math.exp(a)  # noqa: E731
+    Fe = lambda a: float(gih.force(a)) * math.exp(a)
     # C* is a maximum of F e^a, at least the grid's
     assert law.C_star >= law.Fexp.max() and law.C_star == pytest.approx(Fe(law.a_C_star), rel=1e-12)
     for da in (-1e-2, 1e-2):
@@ -366,23 +371,66 @@ def test_stage3_without_a_finite_zero():
 
 def test_theory_report_is_json_and_consistent(loss_d3):
     data, model, est = _d3_configs()
-    rep = theory_report(data, model, est, InitConfig(), n_pi=200, n_grid=121, loss=loss_d3)
+    th = theory_report(data, model, est, InitConfig(), n_pi=200, n_grid=121, loss=loss_d3, S=(3,))
+    rep = th.to_json()
     back = json.loads(json.dumps(rep, allow_nan=False))
     mi, s1, s3 = back["mi"], back["stage1"], back["stage3"]
-    assert mi["S_star"] in back["sets"] and s3["S"] == mi["S_star"]
+    assert mi["S_star"] in back["sets"] and s3["S"] == mi["S_star"] == list(th.S_star)
     Its = [row["Itilde"] for row in mi["ranking"]]
     assert Its == sorted(Its, reverse=True) and max(mi["Itilde"]) == Its[0]
     assert len(s1["J"]) == len(model.subsets) == len(mi["Itilde"]) == len(s1["dlogc_dt_J"])
     # the reported Stage I rates are those of the run's initial w on its sample
     rates = stage1_rates(loss_d3, init_params(model, InitConfig()).w)
     np.testing.assert_allclose(s1["J"], rates.J, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(th.rates.J, rates.J, rtol=1e-12, atol=1e-15)
     # at init c is uniform, so the predicted d/dt log c_S average to zero
     assert abs(np.mean(s1["dlogc_dt_J"])) < 1e-9 * np.abs(s1["dlogc_dt_J"]).max()
-    law = stage3_law(make_gih(loss_d3, tuple(mi["S_star"])), n_grid=121)
-    assert s3["C_star"] == pytest.approx(law.C_star) and s3["a_star"] == pytest.approx(law.a_star)
-    text = format_theory(rep)
-    for needle in ("S* = argmax Ĩ", "C* = max F·e^a", "a* (F = 0)", "inf_a L_GIH", mi["S_star_label"]):
+    # the GIH law of S*, of argmax J and of the asked set, each that set's own
+    assert set(th.laws) == {th.S_star, th.argmax_J, (3,)}
+    for S in th.laws:
+        law = stage3_law(make_gih(loss_d3, S), n_grid=121)
+        assert th.law(S).C_star == pytest.approx(law.C_star, rel=1e-12)
+        assert th.law(S).limit_loss == pytest.approx(law.limit_loss, rel=1e-12)
+    assert th.law((3,)).C_star != pytest.approx(th.stage3.C_star, rel=1e-3)
+    with pytest.raises(KeyError, match=r"no GIH law for \{2\}"):
+        th.law((2,))
+    # the predicted Stage I duration from the theory's own J and c(0)
+    du = predicted_stage1_duration(th.rates.J, th.C0**2, th.a0, th.delta, eta_C=th.eta_C)
+    assert th.duration.t == du.t and th.duration.S == th.argmax_J
+    # to_json / from_json round trip: the same numbers, the same JSON
+    again = Theory.from_json(back)
+    assert json.dumps(again.to_json(), sort_keys=True) == json.dumps(rep, sort_keys=True)
+    np.testing.assert_array_equal(again.law((3,)).F, th.law((3,)).F)
+    assert again.duration == th.duration and again.S_star == th.S_star
+    with pytest.raises(ValueError, match="not a gflow theory"):
+        Theory.from_json({"sets": []})
+    text = format_theory(th)
+    for needle in ("S* = argmax Ĩ", "C* = max F·e^a", "a* (F = 0)", "inf_a L_GIH", mi["S_star_label"],
+                   "linearised Stage I", "GIH on S = {3}"):  # fmt: skip
         assert needle in text
+    assert format_theory(back) == text
+
+
+def test_coverage_reads_options_that_may_not_exist_yet():
+    cfg = Config()
+    for law in LAW_COVERAGE:
+        assert covers(LAW_COVERAGE[law], cfg) == (True, "")
+    ok, why = covers(LAW_COVERAGE["stage1"], cfg.replace(model={"norm": "layer"}))
+    assert not ok and "model.norm = 'layer'" in why and "('sum',)" in why
+    ok, why = covers(LAW_COVERAGE["gih_limit"], cfg.replace(estimator={"loss": "ce_on_probs"}))
+    assert not ok and "estimator.loss = 'ce_on_probs'" in why
+    assert covers(LAW_COVERAGE["gih"], cfg.replace(estimator={"loss": "ce_on_probs"}))[0]
+
+    class Sec:  # a section with an option this gflow does not have yet
+        head_norm = True
+
+    class Cfg:
+        model = Sec()
+        estimator = None
+
+    ok, why = covers({"model.head_norm": (False,), "estimator.target": ("expected",)}, Cfg())
+    assert not ok and "model.head_norm = True" in why
+    assert covers({"model.windows": ("aligned",), "estimator.target": ("expected",)}, Cfg()) == (True, "")
 
 
 def test_errors_name_the_offending_value(loss_d3):
@@ -396,3 +444,88 @@ def test_errors_name_the_offending_value(loss_d3):
         stage3_law(make_gih(loss_d3, (1,)), a_grid=[0.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="n_pi must be a positive integer, got 0"):
         modified_chi2_ranking(DataConfig(), ModelConfig(), n_pi=0)
+
+
+# ---------------------------------------------------------------------------
+# The linearised Stage I's duration (README §M8.1)
+# ---------------------------------------------------------------------------
+
+
+def _linearised_stage1_crossing(J, c0, a0, delta, eta_C, t_end, n=20_000):
+    """Integrate the linearised Stage I on C itself (RK4, fixed step):
+    dC_S/dt = 2 a₀ η_C C_S (J(S) − Σ_S' (C_S'²/‖C‖²) J(S'))/‖C‖², the gradient flow
+    of L₀ − a₀ Σ_S (C_S²/‖C‖²) J(S); return the first t with max c/Σc ≥ 1 − δ
+    (linear interpolation between steps) and the index of the set."""
+    J = np.asarray(J, float)
+
+    def f(C):
+        n2 = np.sum(C**2)
+        return 2 * a0 * eta_C * C * (J - np.dot(C**2, J) / n2) / n2
+
+    C = np.sqrt(np.asarray(c0, float))
+    h = t_end / n
+    prev = None
+    for k in range(n + 1):
+        p = C**2 / np.sum(C**2)
+        g = p.max() - (1 - delta)
+        if g >= 0:
+            if prev is None:
+                return 0.0, int(np.argmax(p))
+            return (k - 1 + prev / (prev - g)) * h, int(np.argmax(p))
+        prev = g
+        k1 = f(C)
+        k2 = f(C + h / 2 * k1)
+        k3 = f(C + h / 2 * k2)
+        k4 = f(C + h * k3)
+        C = C + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return math.inf, -1
+
+
+def test_stage1_duration_two_sets_closed_form():
+    """Two sets: c_S/Σc = 1/(1 + (c_S'(0)/c_S(0)) e^{−k ΔJ t}) reaches 1 − δ at
+    t = ‖C‖² log((1−δ)/δ · c_S'(0)/c_S(0)) / (4 a₀ η_C ΔJ)."""
+    for J, c0, a0, delta, eta in [
+        ([0.3, 0.1], [0.01, 0.01], 0.01, 0.01, 1.0),
+        ([0.05, 0.42], [0.02, 0.005], 0.5, 0.03, 2.5),
+        ([1.0, 0.0], [1e-4, 3e-4], 0.01, 1e-3, 1.0),
+    ]:
+        i = int(np.argmax(J))
+        j = 1 - i
+        n2 = sum(c0)
+        want = n2 * math.log((1 - delta) / delta * c0[j] / c0[i]) / (4 * a0 * eta * (J[i] - J[j]))
+        got = predicted_stage1_duration(J, c0, a0, delta, eta_C=eta, sets=[(1,), (2,)])
+        assert got.t == pytest.approx(want, rel=1e-12)
+        assert got.index == i and got.S == ((1,), (2,))[i]
+        assert got.rate == pytest.approx(4 * a0 * eta / n2, rel=1e-15)
+
+
+def test_stage1_duration_matches_the_integrated_linearised_flow():
+    """Six sets with distinct J and unequal c(0); then a transient crossing: a
+    set with most of the initial mass crosses 1 − δ on its way down although
+    another has the larger J; then no crossing at all (top J tied)."""
+    rng = np.random.default_rng(3)
+    J = rng.uniform(0.0, 0.5, 6)
+    c0 = rng.uniform(0.005, 0.02, 6)
+    got = predicted_stage1_duration(J, c0, 0.01, 0.01)
+    t_ode, i_ode = _linearised_stage1_crossing(J, c0, 0.01, 0.01, 1.0, 1.3 * got.t)
+    assert got.index == i_ode == int(np.argmax(J))
+    assert got.t == pytest.approx(t_ode, rel=1e-6)
+
+    # transient: set 0 starts at 0.85 of the mass, set 1 has the larger J
+    J, c0, delta = [1.0, 1.2, 0.0], [0.85, 0.075, 0.075], 0.13
+    got = predicted_stage1_duration(J, c0, 0.25, delta)
+    t_ode, i_ode = _linearised_stage1_crossing(J, c0, 0.25, delta, 1.0, 20.0)
+    assert got.index == i_ode == 0 and 0 < got.t < 20
+    assert got.t == pytest.approx(t_ode, rel=1e-6)
+    # a stricter threshold that set 0 never reaches: set 1 crosses, later
+    later = predicted_stage1_duration(J, c0, 0.25, 0.05)
+    t_ode, i_ode = _linearised_stage1_crossing(J, c0, 0.25, 0.05, 1.0, 200.0)
+    assert later.index == i_ode == 1 and later.t == pytest.approx(t_ode, rel=1e-6)
+
+    tie = predicted_stage1_duration([0.3, 0.3, 0.1], [0.01, 0.01, 0.01], 0.01, 0.01)
+    assert tie.t == math.inf and tie.S is None and tie.index == -1
+    assert predicted_stage1_duration([0.3, 0.1], [0.99, 0.01], 0.01, 0.05).t == 0.0
+    with pytest.raises(ValueError, match=r"delta must lie in \(0, 1\), got 1.5"):
+        predicted_stage1_duration([0.3, 0.1], [0.5, 0.5], 0.01, 1.5)
+    with pytest.raises(ValueError, match="c0 must be finite and > 0"):
+        predicted_stage1_duration([0.3, 0.1], [0.5, 0.0], 0.01, 0.1)

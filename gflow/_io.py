@@ -1,0 +1,60 @@
+"""Small shared plumbing: the stage codes of a trajectory, JSON-safe values and
+atomic file writes (one home for each, used by checks, theory and plot)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+# The integer code of each stage in ``Trajectory.stage`` (the joint schedule is 0).
+STAGE_CODES: dict[str, int] = {"joint": 0, "I": 1, "II": 2, "III": 3}
+
+
+def rows_of_stage(stage_codes, name: str) -> np.ndarray:
+    """Indices of the saved times that belong to stage `name` ("I", "II", "III", "joint")."""
+    if name not in STAGE_CODES:
+        raise ValueError(f"unknown stage {name!r}; allowed: {sorted(STAGE_CODES)}")
+    return np.flatnonzero(np.asarray(stage_codes) == STAGE_CODES[name])
+
+
+def jsonable(x, *, inf_as_str: bool = True):
+    """Plain JSON values: numpy scalars and arrays to Python ones, paths to
+    strings, NaN to ``None``, ±∞ to ``"inf"``/``"-inf"`` (or ``None`` with
+    ``inf_as_str=False``)."""
+    rec = lambda v: jsonable(v, inf_as_str=inf_as_str)
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        if math.isfinite(x):
+            return x
+        return None if math.isnan(x) or not inf_as_str else ("inf" if x > 0 else "-inf")
+    if isinstance(x, np.ndarray):
+        return [rec(v) for v in x.tolist()]
+    if isinstance(x, (list, tuple)):
+        return [rec(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): rec(v) for k, v in x.items()}
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and
+    ``os.replace``: a reader never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: str | Path, obj, *, indent: int = 1) -> None:
+    """:func:`atomic_write_text` of ``json.dumps(jsonable(obj))`` (UTF-8, not ASCII-escaped)."""
+    atomic_write_text(path, json.dumps(jsonable(obj), indent=indent, ensure_ascii=False))
