@@ -71,6 +71,7 @@ from .flow import (
     FlowError,
     _check_params,
     _count_evaluation,
+    _event_coordinates,
     _event_value,
     _fresh_carry,
     _grid,
@@ -170,13 +171,14 @@ def _stage_start_batch(loss_b: PopulationLoss, y_b: Params, moves: tuple[str, ..
 
 
 @eqx.filter_jit
-def _solve_batch(vf, y0, t0, t1, ts, dt0, carry, **settings):
+def _solve_batch(vf, y0, t0, t1, ts, dt0, carry, t_stage0=None, **settings):
     """``_solve_segment`` of every replicate (leading axis of every argument
-    but `dt0`), one batched ``diffeqsolve``."""
-    def one(vf, y0, t0, t1, ts, carry):
-        return _solve_segment(vf, y0, t0, t1, ts, dt0, carry, **settings)
+    but `dt0`; `t_stage0`: each replicate's stage start and event coordinates
+    there, for the steady test), one batched ``diffeqsolve``."""
+    def one(vf, y0, t0, t1, ts, carry, t_stage0):
+        return _solve_segment(vf, y0, t0, t1, ts, dt0, carry, t_stage0=t_stage0, **settings)
 
-    return eqx.filter_vmap(one)(vf, y0, t0, t1, ts, carry)
+    return eqx.filter_vmap(one)(vf, y0, t0, t1, ts, carry, t_stage0)
 
 
 @eqx.filter_jit
@@ -423,6 +425,18 @@ def _solves(runs: _Runs, recs, loss_b, vf, members, active, going, segs, event_s
         "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
         "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,
     }  # fmt: skip
+    # stages with an event also end when they settle short of it (gflow.flow._steady_cond)
+    steady = event_stage is not None and sc.method_for(name) != "gd"
+    settings["steady"] = steady
+    t_stage0 = None
+    if steady:
+        phi0 = []
+        for r in members:
+            tr = runs.trajs[r]
+            i0 = min(int(np.searchsorted(tr.ts, recs[r].t0 * (1 - 1e-12))), len(tr.ts) - 1)
+            st0 = tr.state(i0)
+            phi0.append(_event_coordinates(name, {b: jnp.asarray(st0[b], dtype) for b in moves}, heads))
+        t_stage0 = (_f64(np.array([recs[r].t0 for r in members])), jnp.stack(phi0))
     carry = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), _fresh_carry(dtype))
     j = 0
     while going:
@@ -434,7 +448,7 @@ def _solves(runs: _Runs, recs, loss_b, vf, members, active, going, segs, event_s
                 t1[k], ts[k] = float(seg[-1]), seg
         y0 = {b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in moves}
         ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
-            vf, y0, _f64(t0), _f64(t1), _f64(ts), _f64(sc.eta), carry, **settings
+            vf, y0, _f64(t0), _f64(t1), _f64(ts), _f64(sc.eta), carry, t_stage0, **settings
         )
         # a replicate's carry moves on only with its own solves
         carry = _where(np.array([r in going for r in members]), new_carry, carry)
@@ -472,7 +486,8 @@ def _solves(runs: _Runs, recs, loss_b, vf, members, active, going, segs, event_s
             tr.wall = time.perf_counter() - runs.t_wall
             event = bool(res == diffrax.RESULTS.event_occurred)
             if event or j + 1 == len(segs[r]):
-                rec.ended_by = "event" if event else "duration"
+                settled = event and "steady" in stats_b and bool(np.asarray(stats_b["steady"])[members.index(r)])
+                rec.ended_by = ("steady" if settled else "event") if event else "duration"
                 rec.complete = True
                 going.remove(r)
             if out is not None:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import gflow
 from gflow import laws
 from gflow import model as gmodel
 from gflow.config import from_dict
@@ -213,3 +214,63 @@ def test_copier_vertex_gradient_is_a_vertex_limit():
     L1 = float(loss(Params(w=jnp.asarray(w2), C=q.C, a=q.a)))
     assert abs((L1 - L0) / eps - g60.g[h][i - 1]) < 1e-4 * abs(g60.g[h][i - 1]) + 1e-9
 
+
+
+# ---------------------------------------------------------------------------
+# Stages that settle short of their event
+# ---------------------------------------------------------------------------
+
+
+def _edge_fixed_point(loss, w_end, C, a, h, i, k):
+    """The fixed point of head h's copier on the edge s = x e_i + (1 − x) e_h (offset k ≠ i, h
+    at 0): the root in x of ∂L̂/∂s_i − ∂L̂/∂s_h, by bisection; the other heads as in w_end,
+    except head 1, put on its vertex (it attracts there)."""
+
+    def g(x):
+        w = np.asarray(w_end, np.float64).copy()
+        w[0] = 0.0
+        w[0, 0] = 60.0
+        w[h - 1] = [np.log(x) if j == i - 1 else (np.log(1 - x) if j == h - 1 else -60.0) for j in range(w.shape[1])]
+        p = Params(w=jnp.asarray(w), C=jnp.asarray(C), a=jnp.asarray(a))
+        gw = np.asarray(jax.grad(loss)(p).w)
+        return gw[h - 1, i - 1] / x  # = ∂L̂/∂s_i − Σ_j s_j ∂L̂/∂s_j
+
+    lo, hi = 1e-4, 0.3
+    glo = g(lo)
+    assert glo < 0 < g(hi)  # mass flows onto offset i near the vertex, off it far from it
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if (g(mid) < 0) == (glo < 0):
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.slow
+def test_stage2_ends_steady_at_its_interior_fixed_point():
+    """norm="layer", parents (1, 3), d = 3, L = 40, N = 2000, Stage II started with
+    c_{1,3}/Σc = 0.9995 and δ = 1e-3: head 3's one-hot copier repels (g_1 < 0: mass flows
+    to offset 1), so the copier settles on the edge between offsets 3 and 1 short of
+    s_3 ≥ 0.999. The stage ends "steady" within a bounded number of evaluations, at the
+    edge's fixed point (bisection, independent of the flow) within the steady tolerance
+    δ/10 (+ the O(s_2) offset of the face not yet reached)."""
+    cfg = from_dict({"data": {"d": 3, "L": 40, "parents": [1, 3]}, "model": {"norm": "layer"},
+                     "estimator": {"N": 2000}, "schedule": {"durations": [1e3, 1e10, 1e-3], "delta": 1e-3}})  # fmt: skip
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    p = init_params(cfg.model, cfg.init)
+    sets = cfg.model.subsets
+    C = np.full(len(sets), 0.01)
+    C[sets.index((1, 3))] = 0.01 * np.sqrt(0.9995 * (len(sets) - 1) / 0.0005)
+    tr = gflow.integrate(cfg, params0=Params(w=p.w, C=jnp.asarray(C), a=p.a), loss=loss)
+    st = {s.name: s for s in tr.stages}
+    assert st["I"].ended_by == "event" and st["I"].t1 == 0.0
+    assert st["II"].ended_by == "steady" and st["II"].selected == [1, 3]
+    assert st["II"].nfev < 10_000
+    i_end = int(np.searchsorted(tr.ts, st["II"].t1))
+    s = np.asarray(tr.s[i_end])
+    assert s[2, 2] < 1 - cfg.schedule.delta  # short of the event
+    vg = laws.copier_vertex_gradient(loss, Params(w=jnp.asarray(tr.w[i_end]), C=jnp.asarray(C), a=p.a), (1, 3))
+    assert vg.attracting[1] and not vg.attracting[3] and vg.g[3][0] < 0
+    x_star = _edge_fixed_point(loss, tr.w[i_end], C, float(p.a), 3, 1, 2)
+    assert abs(s[2, 0] - x_star) < cfg.schedule.delta / 10 + 2 * s[2, 1], (s[2], x_star)
