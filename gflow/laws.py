@@ -35,14 +35,16 @@ options must be undecided, never decided against another model's law.
   (slope 1 against ``log t``) and ``L_GIH(a(t)) − L_∞ = K e^{−a} + … ≈
   1/(η_a t)`` (exponent −1 in t, constant ``1/η_a``, independent of K).
 
-How they are wired into the report (``gflow.checks``): the layer-norm Stage I
-rate rows take their predicted slopes from :func:`stage1_rates_exact` at the
-run's initial θ (with the paired SEs it returns) and the winner row from
-:func:`predict_selection`; Stage II exponent rows are undecided for
-``norm="layer"`` with the reason "no Stage II law derived for norm='layer'";
-the report says which stage ended ``"steady"`` and, for Stage II, the sign of
-:func:`copier_vertex_gradient`; ce_on_probs runs with ``a* = ∞`` replace the
-limit-loss row by the two approach rows of :func:`gih_tail`.
+How they are wired into the report: ``gflow._rows_laws`` (called by
+``gflow.check``) decides the layer-norm Stage I slopes against
+:func:`stage1_rates_exact` at the run's initial θ and the winner against
+:func:`predict_selection`, where the sum-norm law does not cover the run;
+reports every stage that ended ``"steady"`` with, for Stage II,
+:func:`copier_vertex_gradient`; and, for ``loss = "ce_on_probs"`` with
+``a* = ∞``, decides the approach exponent of ``L̂ − L∞`` (:func:`gih_tail`).
+The coverage of each law is in ``gflow._theory_result.LAW_COVERAGE``
+(``stage1_model``, ``stage2_vertex``, ``gih_tail``); :data:`COVERAGE` here
+is the same information keyed by short option names.
 """
 
 from __future__ import annotations
