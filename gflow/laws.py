@@ -2,7 +2,7 @@
 (README §M8.7; extension).
 
 Every law here states the model and loss options it was derived for
-(:data:`COVERAGE`): a report row built on a law that does not cover the run's
+(``gflow._theory_result.LAW_COVERAGE``): a report row built on a law that does not cover the run's
 options must be undecided, never decided against another model's law.
 
 - **Stage I, any norm** (:func:`selector_gain`, :func:`stage1_rates_exact`,
@@ -43,8 +43,7 @@ reports every stage that ended ``"steady"`` with, for Stage II,
 :func:`copier_vertex_gradient`; and, for ``loss = "ce_on_probs"`` with
 ``a* = ∞``, decides the approach exponent of ``L̂ − L∞`` (:func:`gih_tail`).
 The coverage of each law is in ``gflow._theory_result.LAW_COVERAGE``
-(``stage1_model``, ``stage2_vertex``, ``gih_tail``); :data:`COVERAGE` here
-is the same information keyed by short option names.
+(``stage1_model``, ``stage2_vertex``, ``gih_tail``).
 """
 
 from __future__ import annotations
@@ -64,13 +63,11 @@ from .model import Params
 from .theory import GIH
 
 __all__ = [
-    "COVERAGE",
     "GIHTail",
     "SelectionPrediction",
     "SelectorRates",
     "VertexGradient",
     "copier_vertex_gradient",
-    "covers",
     "gih_tail",
     "partial_window_kernel",
     "predict_selection",
@@ -78,31 +75,6 @@ __all__ = [
     "stage1_rates_exact",
     "stage1_rates_small_a",
 ]
-
-# What each law was derived for: option -> allowed values (missing option: any value).
-COVERAGE: dict[str, dict[str, tuple]] = {
-    # the paper's linearisation (README §M6.2): linear in c/Σc
-    "stage1_J_rates": {"norm": ("sum",)},
-    # the laws of this module
-    "stage1_rates_exact": {},
-    "stage1_rates_small_a": {},
-    "stage1_selection": {},
-    "stage2_exponent": {"norm": ("sum",), "loss": ("log",)},
-    "stage2_vertex": {},
-    "gih": {},  # both norms: the same model with one-hot copiers and c = e_S
-    "gih_tail": {},
-}
-
-
-def covers(law: str, **options) -> tuple[bool, str]:
-    """Whether ``law`` covers the run's options (``norm=..., loss=..., start=...``),
-    and the reason when it does not."""
-    cov = COVERAGE[law]
-    for k, v in options.items():
-        if k in cov and v not in cov[k]:
-            return False, f"law {law!r} was derived for {k} in {cov[k]}, the run has {k}={v!r}"
-    return True, ""
-
 
 def _mean_se(x):
     x = np.asarray(x, np.float64)

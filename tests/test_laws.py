@@ -179,10 +179,18 @@ def test_gih_tail_constant(kind, a1):
         assert tail.K > 0  # at this size F > 0 for all large a: no zero beyond the grid
 
 
-def test_covers():
-    ok, why = laws.covers("stage1_J_rates", norm="layer", loss="log")
-    assert not ok and "norm" in why and "'layer'" in why
-    assert laws.covers("stage1_rates_exact", norm="layer", loss="ce_on_probs")[0]
+def test_coverage_of_the_laws():
+    """The sum-norm linearisation does not cover norm="layer"; the model's own G does; the
+    GIH tail covers ce_on_probs only."""
+    from gflow._theory_result import LAW_COVERAGE, covers
+
+    layer = from_dict({"model": {"norm": "layer"}})
+    ce = from_dict({"estimator": {"loss": "ce_on_probs"}})
+    ok, why = covers(LAW_COVERAGE["stage1"], layer)
+    assert not ok and "model.norm" in why and "'layer'" in why
+    assert covers(LAW_COVERAGE["stage1_model"], layer)[0]
+    assert covers(LAW_COVERAGE["gih_tail"], ce)[0] and not covers(LAW_COVERAGE["gih_tail"], layer)[0]
+    assert not covers(LAW_COVERAGE["gih_limit"], ce)[0]
 
 
 def test_copier_vertex_gradient_is_a_vertex_limit():
