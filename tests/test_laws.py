@@ -282,3 +282,12 @@ def test_stage2_ends_steady_at_its_interior_fixed_point():
     assert vg.attracting[1] and not vg.attracting[3] and vg.g[3][0] < 0
     x_star = _edge_fixed_point(loss, tr.w[i_end], C, float(p.a), 3, 1, 2)
     assert abs(s[2, 0] - x_star) < cfg.schedule.delta / 10 + 2 * s[2, 1], (s[2], x_star)
+
+
+def test_fit_power_recovers_the_exponent():
+    """The approach row's fit L∞ + Bτ^(−p) recovers p on exact data (and not on a log)."""
+    from gflow._rows_laws import _fit_power
+
+    tau = np.logspace(3, 4, 13)
+    for p in (0.7, 1.0, 1.6):
+        assert abs(_fit_power(tau, 0.64 + 3.0 * tau ** (-p)) - p) < 1e-6
