@@ -54,15 +54,15 @@ def _within(values, diff_se, top: int, k: float = 3.0) -> list[int]:
 
 def _winner_row(ctx: _Ctx, name, predicted_S, admissible, claim, law, how) -> None:
     """A winner row: the set with the largest c/Σc at the end of Stage I is one of
-    `admissible` (rule "in"). Wrong answer: the set with the second largest c/Σc
-    (swap the selected set)."""
+    `admissible` (rule "in"). Wrong answer: the set with the largest c/Σc at the
+    end among those not admissible (a swapped selection); none: vacuous."""
     st = _stage1_end(ctx)
     rec, _, end, where = st
     frac = ctx.traj.c_frac[end]
     order = np.argsort(-frac, kind="stable")
     measured = _label(ctx.sets[int(order[0])])
-    wrong = _label(ctx.sets[int(order[1])]) if ctx.nS > 1 else None
     labels = tuple(_label(ctx.sets[i]) for i in admissible)
+    wrong = next((_label(ctx.sets[int(i)]) for i in order if _label(ctx.sets[int(i)]) not in labels), None)
     tol = how if len(labels) == 1 else f"close call: any of {', '.join(labels)} (≤ 3 paired SE below the top)"
     why = ctx.outside(law)
     if ctx.joint:
