@@ -154,8 +154,8 @@ def test_ce_on_probs_gih_force_is_minus_dloss_da():
     h = 1e-4
     Lf, Ff = eqx.filter_jit(gih.loss), eqx.filter_jit(gih.force)
     for a in (0.0, 1.0, 3.0, 8.0, 15.0):
-        fd = -(float(Lf(a + h)) - float(Lf(a - h))) / (2 * h)  # error ~ h² F''/6 + 1e-16/h
-        F = float(Ff(a))
+        fd = -(float(Lf(jnp.asarray(a + h))) - float(Lf(jnp.asarray(a - h)))) / (2 * h)  # error ~ h² F''/6 + 1e-16/h
+        F = float(Ff(jnp.asarray(a)))
         assert abs(F - fd) < 1e-6 * abs(F) + 1e-11, (a, F, fd)
 
 
@@ -168,8 +168,8 @@ def test_gih_tail_constant(kind, a1):
     gih = make_gih(loss, (1, 2))
     tail = laws.gih_tail(gih)
     Lf, Ff = eqx.filter_jit(gih.loss), eqx.filter_jit(gih.force)
-    errF = [abs(np.exp(a) * float(Ff(a)) - tail.K) for a in (a1, a1 + 4)]
-    errL = [abs(np.exp(a) * (float(Lf(a)) - tail.L_inf) - tail.K) for a in (a1, a1 + 4)]
+    errF = [abs(np.exp(a) * float(Ff(jnp.asarray(a))) - tail.K) for a in (a1, a1 + 4)]
+    errL = [abs(np.exp(a) * (float(Lf(jnp.asarray(a))) - tail.L_inf) - tail.K) for a in (a1, a1 + 4)]
     if kind == "log":  # e^a (L − L_∞) loses e^a·1e-16 to rounding: check F only
         errL = [0.0, 0.0]
     for e in (errF, errL):
