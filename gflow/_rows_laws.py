@@ -90,6 +90,26 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
                 claim="finite", rule=("abs", preds[keep], tols[keep]), wrong=1.5 * meas[keep],
             )
         )  # fmt: skip
+    # (iii) the duration: the small-a flow's event time; its rates are within a relative ε of the flow's
+    # exact ones (stored gradient) at both ends of Stage I, which moves the crossing by ≲ ε of it
+    if pred.selected is not None and rec.ended_by == "event":
+        eps = 0.0
+        for i in (int(idx[0]), end):
+            Ci = np.asarray(tr.C[i], np.float64)
+            sm = laws.stage1_rates_small_a(ctx.loss, p0.w, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
+            g = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64) / Ci
+            for j in others:
+                if sm.diff[iA, j] != 0:
+                    eps = max(eps, abs((g[iA] - g[j]) / sm.diff[iA, j] - 1.0))
+        measured = float(rec.t1 - rec.t0)
+        tol = 2.0 * eps * pred.duration
+        ctx.add(
+            decided_row(
+                "I: Stage I duration (small-a flow of a·G) vs event time", pred.duration, measured,
+                f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: small-a vs exact rates at both ends of Stage I)",
+                claim="finite", rule=("abs", pred.duration, tol), wrong=1.5 * measured,
+            )
+        )  # fmt: skip
     # (ii) the winner
     frac = tr.c_frac[end]
     order = np.argsort(-frac, kind="stable")
