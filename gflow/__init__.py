@@ -38,10 +38,10 @@ from .config import Config as Config
 from .config import load_config as load_config
 from .flow import FlowError as FlowError
 from .flow import integrate as integrate
+from .replicates import run_replicates as run_replicates
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
 from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
-from .replicates import run_replicates as run_replicates
 from .vmapped import integrate_batch as integrate_batch
