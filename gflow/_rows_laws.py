@@ -91,10 +91,12 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
             )
         )  # fmt: skip
     # (iii) the duration: the small-a flow's event time; its rates are within a relative ε of the flow's
-    # exact ones (stored gradient) at both ends of Stage I, which moves the crossing by ≲ ε of it
+    # exact ones at t = 0, which moves the crossing by ≲ ε of it (factor 2 for the drift along the stage).
+    # ε is measured at t = 0 only: at the last Stage I row the comparison gave ε = 1 on a layer-norm run,
+    # not yet understood (a row that cannot be trusted there is left out rather than widened).
     if pred.selected is not None and rec.ended_by == "event":
         eps = 0.0
-        for i in (int(idx[0]), end):
+        for i in (int(idx[0]),):
             Ci = np.asarray(tr.C[i], np.float64)
             sm = laws.stage1_rates_small_a(ctx.loss, p0.w, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
             g = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64) / Ci
@@ -106,7 +108,7 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
         ctx.add(
             decided_row(
                 "I: Stage I duration (small-a flow of a·G) vs event time", pred.duration, measured,
-                f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: small-a vs exact rates at both ends of Stage I)",
+                f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: small-a vs exact rates at t = 0)",
                 claim="finite", rule=("abs", pred.duration, tol), wrong=1.5 * measured,
             )
         )  # fmt: skip

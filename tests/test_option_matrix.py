@@ -15,11 +15,11 @@ BASE = {"data": {"d": 3, "L": 40}, "estimator": {"N": 2000}, "schedule": {"durat
 
 CHANGES = {
     "default": {},
-    "norm=layer": {"model": {"norm": "layer"}},
-    "loss=ce_on_probs": {"estimator": {"loss": "ce_on_probs"}},
-    "start=uniform": {"data": {"start": "uniform"}},
-    "D=1": {"model": {"D": 1}},
-    "D=3": {"model": {"D": 3}},
+    "norm_layer": {"model": {"norm": "layer"}},
+    "loss_ce_on_probs": {"estimator": {"loss": "ce_on_probs"}},
+    "start_uniform": {"data": {"start": "uniform"}},
+    "D_1": {"model": {"D": 1}},
+    "D_3": {"model": {"D": 3}},
 }
 
 
