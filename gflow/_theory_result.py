@@ -71,6 +71,13 @@ LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     # a* and inf_a L_GIH as the flow's limit: for loss="log" (for ce_on_probs F may have
     # no finite zero and the infimum is then reached only as a → ∞)
     "gih_limit": {**_PAPER_MODEL, "estimator.loss": ("log",)},
+    # gflow.laws (README §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
+    # at t = 0 and the small-a flow of a·G, autodiff of the run's own loss: any model and loss
+    "stage1_model": {},
+    # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss)
+    "stage2_vertex": {},
+    # the GIH's tail K = lim e^a F(a) and the approach L̂ − L∞ ~ 1/(η_a λ² τ) when a* = ∞
+    "gih_tail": {**_PAPER_MODEL, "estimator.loss": ("ce_on_probs",)},
 }
 
 

@@ -58,6 +58,7 @@ from ._io import atomic_write_json, atomic_write_text
 from ._io import jsonable as _jsonable
 from ._report import Report, Row
 from ._rows_ladder import _rows_ladder
+from ._rows_laws import _rows_laws
 from ._rows_stage1 import (
     _row_concentration,
     _row_duration,
@@ -187,6 +188,7 @@ def check(
     _rows_stage2(ctx)
     _rows_stage3(ctx)
     _rows_ladder(ctx)
+    _rows_laws(ctx)
     ctx.notes.extend(f"theory: {n}" for n in theory.notes)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(

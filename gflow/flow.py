@@ -170,6 +170,65 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
     return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
 
 
+def _event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
+    """What a stage's event reads: ``c/Σc`` (Stage I) or the attention rows
+    ``s^(h)`` of the selected heads (Stage II)."""
+    if stage == "I":
+        c = y["C"] ** 2
+        return c / c.sum()
+    s = jax.nn.softmax(y["w"], axis=-1)
+    return jnp.stack([s[h - 1] for h in heads])
+
+
+# A stage has settled when running it as long again would move its event's coordinates by less than
+# this fraction of δ (the resolution at which the event reads them).
+STEADY_FRACTION = 0.1
+
+
+def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
+    """Boolean steady-state condition of a stage with an event (extension):
+    ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
+    ``rtol = 0``) applied to ``τ·dφ/dt``, and ``τ‖dφ/dt‖ < STEADY_FRACTION·‖φ − φ₀‖``,
+    where ``φ`` are the coordinates the event reads (:func:`_event_coordinates`),
+    ``dφ/dt = Jφ·f`` along the vector field ``f = −Λ∇L̂`` (the moving block's
+    gradient times its time scale), ``τ = t − t_stage0`` the stage's elapsed
+    time and ``φ₀`` the coordinates at the stage's start (the solve's ``args``
+    are ``(t_stage0, φ₀)``).
+
+    Why these choices: (i) the factor τ makes the test invariant under a
+    rescaling of time — a stage that ran to τ has settled when running it as
+    long again would change ``φ`` by less than the tolerance; diffrax's plain
+    ``‖f‖ < atol + rtol‖y‖`` is not, and stops slow stages early or fast ones
+    late. (ii) The second condition asks that the flow has decelerated: its
+    rate is a tenth of its average rate ``‖φ − φ₀‖/τ`` so far (early in a slow
+    stage ``τ‖dφ/dt‖ ≈ ‖φ − φ₀‖`` is small too, without any settling).
+    (iii) ``φ``, not the logits ``w``: a copier approaching a face of the
+    simplex (``s_i → 0``) has logits moving like ``log t`` (``τ‖ẇ‖`` stays of
+    order one), so no tolerance on ``w`` ever ends such a stage. (iv) The
+    tolerance ``δ/10``: an approach to the event like a power ``1 − s ~ τ^{−β}``
+    has ``τ ṡ = β(1 − s) > βδ`` until the event fires, so only approaches
+    slower than ``β = 1/10`` could be mistaken for steady; the solver's error
+    (rtol ≈ 1e-8) is far below it.
+    """
+    def inf_norm(x):
+        return jnp.max(jnp.abs(x))
+
+    base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=inf_norm)
+
+    def cond(t, y, args, *, terms, **kwargs):
+        t_stage0, phi0 = args
+        tau = jnp.maximum(t - t_stage0, 0.0)
+        f = terms.vf(t, y, args)
+        phi, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
+        rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
+        small = base(t, jnp.zeros_like(dphi), args, terms=rate, **kwargs)
+        decelerated = tau * inf_norm(dphi) < STEADY_FRACTION * inf_norm(phi - phi0)
+        # False at the stage's start (τ = 0), where diffrax also evaluates boolean conditions
+        return (tau > 0) & small & decelerated
+
+    return cond
+
+
 # ---------------------------------------------------------------------------
 # One segment: a single diffeqsolve
 # ---------------------------------------------------------------------------
@@ -185,8 +244,13 @@ def _fresh_carry(dtype):
 
 @eqx.filter_jit
 def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
-                   progress):  # fmt: skip
+                   progress, steady=False, t_stage0=None):  # fmt: skip
     """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
+
+    With ``steady`` (adaptive solvers, stages with an event), the solve also
+    stops when the stage has settled (:func:`_steady_cond`; ``t_stage0`` is
+    ``(stage start time, event coordinates there)``); ``stats["steady"]`` then says that this, not the stage's
+    event, ended it.
 
     ``carry`` is the step-size controller's state at the end of the previous
     solve of the stage (:func:`_fresh_carry` for the first); the controller
@@ -223,6 +287,9 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
             event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
         else:
             event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
+            if steady:
+                event = diffrax.Event([fn, _steady_cond(event_stage, heads, delta)], root_finder=event.root_finder,
+                                      direction=[True, None])  # fmt: skip
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf),
         solver,
@@ -230,6 +297,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         t1,
         dt0,
         y0,
+        args=t_stage0 if steady else None,
         saveat=diffrax.SaveAt(ts=ts, t1=True, controller_state=method != "gd"),
         stepsize_controller=controller,
         controller_state=controller_state,
@@ -240,7 +308,11 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         throw=False,
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    return sol.ts, sol.ys, sol.result, sol.stats, (carry if method == "gd" else sol.controller_state)
+    stats = sol.stats
+    if steady and event_stage is not None and method != "gd":
+        event_fired, steady_fired = sol.event_mask
+        stats = dict(stats, steady=steady_fired & ~event_fired)
+    return sol.ts, sol.ys, sol.result, stats, (carry if method == "gd" else sol.controller_state)
 
 
 @eqx.filter_jit
@@ -428,7 +500,7 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         if rec is not None and rec.complete:
             new_end = rec.t0 + duration
             last = traj.stages[-1] is rec
-            if rec.ended_by == "event" or new_end <= rec.t1 * (1 + 1e-12) or not last:
+            if rec.ended_by in ("event", "steady") or new_end <= rec.t1 * (1 + 1e-12) or not last:
                 continue  # nothing to extend
             rec.complete = False
         if rec is None:
@@ -599,6 +671,8 @@ class _StageRun:
         self.heads = tuple(rec.selected or ())
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
+        # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
+        self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
         self.t_stage = time.perf_counter()
         self.wall_before, self.nfev_before = rec.wall, rec.nfev
         self.tag = _new_tag()
@@ -657,6 +731,18 @@ class _StageRun:
             return False
         return True
 
+    def steady_args(self):
+        """``(stage start time, the event's coordinates there)`` for the steady test (a resumed
+        stage: from its first saved row), or ``None`` when the stage cannot end steady."""
+        if not self.steady:
+            return None
+        traj = self.traj
+        i0 = min(int(np.searchsorted(traj.ts, self.rec.t0 * (1 - 1e-12))), len(traj.ts) - 1)
+        st0 = traj.state(i0)
+        dtype = self.cfg.estimator.jdtype
+        phi0 = _event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads)
+        return _f64(self.rec.t0), phi0
+
     def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
         """The j-th solve: its moving blocks' start, its start and end times, and its saved times."""
         seg = self.segs[self.j]
@@ -670,11 +756,11 @@ class _StageRun:
         rec.rejected += int(stats["num_rejected_steps"])
         ts_kept, full, finite = _kept_rows(ts, ys, self.t, self.y_np, self.moves)
         rows = (ts_kept, full) if finite and len(ts_kept) else None
-        return rows, (result, finite, ts_kept, full)
+        return rows, (result, finite, ts_kept, full, bool(stats.get("steady", False)))
 
     def settle(self, outcome) -> None:
         """After the solve's rows are appended: fail, end (event or last solve), or go on."""
-        result, finite, ts_kept, full = outcome
+        result, finite, ts_kept, full, settled = outcome
         traj, sc = self.traj, self.cfg.solver
         ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
         if not ok or not finite:
@@ -690,7 +776,7 @@ class _StageRun:
             print(f"  stage {self.name}: t = {self.t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {self.rec.steps}, "
                   f"nfev = {self.rec.nfev}, {self.rec.wall:.1f} s", flush=True)  # fmt: skip
         if bool(result == diffrax.RESULTS.event_occurred):
-            self.end("event")
+            self.end("steady" if settled else "event")
         elif self.j == len(self.segs):
             self.end("duration")
         self._save()
@@ -725,12 +811,14 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
             # resumed mid-stage: continue with the controller state the interrupted run had here
             leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
             carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
+        steady_args = run.steady_args()
         while run.running:
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = _solve_segment(
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(seg), _f64(sc.eta),
                 carry, method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
                 delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
+                steady=run.steady, t_stage0=steady_args,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:

@@ -54,8 +54,8 @@ class StageRecord:
     """One stage (or the single joint phase) of a run.
 
     - `name`: ``"I"``, ``"II"``, ``"III"`` or ``"joint"``; `moves`: the blocks it moves.
-    - `t0`, `t1`: start and end time; `ended_by`: ``"event"``, ``"duration"``
-      or ``"failed"``; `complete`: whether the stage has finished.
+    - `t0`, `t1`: start and end time; `ended_by`: ``"event"``, ``"duration"``,
+      ``"steady"`` (settled short of its event) or ``"failed"``; `complete`: whether the stage has finished.
     - `steps`, `rejected`, `nfev`: solver statistics (accepted steps, rejected
       steps, vector-field evaluations), summed over the stage's segments.
     - `wall`: wall time in seconds (including compilation).

@@ -174,13 +174,14 @@ def _stage_start_batch(loss_b: PopulationLoss, y_b: Params, moves: tuple[str, ..
 
 
 @eqx.filter_jit
-def _solve_batch(vf, y0, t0, t1, ts, dt0, carry, **settings):
+def _solve_batch(vf, y0, t0, t1, ts, dt0, carry, t_stage0=None, **settings):
     """``_solve_segment`` of every replicate (leading axis of every argument
-    but `dt0`), one batched ``diffeqsolve``."""
-    def one(vf, y0, t0, t1, ts, carry):
-        return _solve_segment(vf, y0, t0, t1, ts, dt0, carry, **settings)
+    but `dt0`; `t_stage0`: each replicate's stage start and event coordinates
+    there, for the steady test), one batched ``diffeqsolve``."""
+    def one(vf, y0, t0, t1, ts, carry, t_stage0):
+        return _solve_segment(vf, y0, t0, t1, ts, dt0, carry, t_stage0=t_stage0, **settings)
 
-    return eqx.filter_vmap(one)(vf, y0, t0, t1, ts, carry)
+    return eqx.filter_vmap(one)(vf, y0, t0, t1, ts, carry, t_stage0)
 
 
 @eqx.filter_jit
@@ -382,7 +383,12 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
         settings = {
             "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
             "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,
+            "steady": stage[r0].steady,
         }  # fmt: skip
+        t_stage0 = None
+        if stage[r0].steady:  # each replicate's stage start and event coordinates there (idle: any)
+            args = [stage[r if r in stage else r0].steady_args() for r in members]
+            t_stage0 = jax.tree.map(lambda *xs: jnp.stack(xs), *args)
         carry = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), _fresh_carry(dtype))
         while going:
             t0 = np.array([runs.t[r] for r in members])
@@ -395,7 +401,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
                         y0[b][k] = y0k[b]
             ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(ts),
-                _f64(sc.eta), carry, **settings,
+                _f64(sc.eta), carry, t_stage0, **settings,
             )  # fmt: skip
             # a replicate's carry moves on only with its own solves
             carry = _where(np.array([r in going for r in members]), new_carry, carry)
