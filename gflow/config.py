@@ -33,6 +33,7 @@ from .model import InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd")
+_JOINT_COORDS = ("log", "C")
 
 
 def _floats(x) -> tuple[float, ...]:
@@ -129,6 +130,7 @@ class SolverConfig(eqx.Module):
     save_per_decade: int = eqx.field(static=True, default=12)
     tau_min: float = eqx.field(static=True, default=1e-3)
     progress: bool = eqx.field(static=True, default=False)
+    joint_coords: str = eqx.field(static=True, default="log")
 
     def method_for(self, stage: str) -> str:
         """The solver used for a stage (``"I"``, ``"II"``, ``"III"``; ``"joint"``
@@ -160,6 +162,8 @@ class SolverConfig(eqx.Module):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
+        if self.joint_coords not in _JOINT_COORDS:
+            raise ValueError(f"solver.joint_coords must be one of {_JOINT_COORDS}, got {self.joint_coords!r}")
         if not isinstance(self.progress, bool):
             raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
 

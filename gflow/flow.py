@@ -96,11 +96,16 @@ class _VectorField(eqx.Module):
     scale: dict
     counter: Callable | None = eqx.field(static=True, default=None)
 
+    # joint schedule (sgd branch): when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
+    sign_C: jax.Array | None = None
+
     def __call__(self, t, y: dict, args) -> dict:
         if self.counter is not None:
             jax.debug.callback(self.counter)
-        g = jax.grad(self.stage_loss)(y)
-        return {b: -self.scale[b] * g[b] for b in y}
+        if self.sign_C is None:
+            g = jax.grad(self.stage_loss)(y)
+            return {b: -self.scale[b] * g[b] for b in y}
+        return _LogC.field(self, y)
 
 
 class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
@@ -146,6 +151,55 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
         clipped = keep & (t1 - t0 < dt_prev * (1 - 1e-9))
         dt = jnp.where(clipped, jnp.maximum(nt1 - nt0, dt_prev), nt1 - nt0)
         return keep, nt0, nt1, jump, (st, dt), result
+
+
+# --- joint flow in log-selector coordinates (sgd branch: issue 15) -------------------------------
+
+
+class _LogC:
+    """The joint flow with the selector in log coordinates ``ℓ_S = log|C_S|``.
+
+    Exact change of variables (not an approximation): ``∂L/∂C_S = 2 C_S ∂L/∂c_S``
+    (``c = C²``), so ``C_S = 0`` is invariant, ``C_S`` never changes sign, and
+    ``dℓ_S/dt = (dC_S/dt)/C_S = −2 η_C ∂L/∂c_S``. In C the losing sets decay like
+    ``C_S ∝ e^{−λ_S t}`` with ``λ_S ∝ 1/‖C‖²`` (hundreds at the paper's c₀ = 0.01,
+    since the flow keeps ‖C‖ fixed: the loss depends on C only through c/Σc), a stiff
+    mode an explicit solver must resolve at every step; in ℓ the same decay is a
+    straight line ``ℓ_S ≈ ℓ_S(0) − λ_S t`` whose Jacobian vanishes with ``c_S``.
+
+    The field is evaluated at ``max(ℓ, ℓ_floor)`` with ``e^{2ℓ_floor} =
+    tiny^{1/2}`` (1e-154 in float64, 1e-19 in float32), so that
+    ``c_S``'s share of Σc is far below rounding (its effect on the loss is exactly
+    zero in floating point) while ``∂L/∂c_S = g_S/(2C_S)`` stays finite after ``c_S``
+    would underflow. Components with ``C_S = 0`` (sign 0) stay 0, as in the flow.
+    """
+
+    @staticmethod
+    def floor(dtype) -> float:
+        return float(0.25 * np.log(np.finfo(np.dtype(dtype)).tiny))
+
+    @staticmethod
+    def to_log(C):
+        C = np.asarray(C)
+        tiny = np.finfo(C.dtype).tiny
+        return np.sign(C), np.log(np.maximum(np.abs(C), tiny)).astype(C.dtype)
+
+    @staticmethod
+    def from_log(sign, ell):
+        return np.asarray(sign) * np.exp(np.asarray(ell))
+
+    @staticmethod
+    def field(vf, y: dict) -> dict:
+        ell = y["C"]
+        lo = _LogC.floor(ell.dtype)
+        Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
+        g = jax.grad(vf.stage_loss)({**y, "C": Cc})
+        safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
+        dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
+        return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
+
+
+# ---------------------------------------------------------------------------------------------------
 
 
 def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
@@ -492,6 +546,10 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
              "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
     vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves, dtype), counter=_count_evaluation)
     y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
+    log_c = name == "joint" and cfg.solver.method_for(name) != "gd" and cfg.solver.joint_coords == "log"
+    if log_c:  # sgd branch: the selector in log coordinates (see _LogC)
+        sign_C = _LogC.to_log(y_np["C"])[0]
+        vf = eqx.tree_at(lambda v: v.sign_C, vf, jnp.asarray(sign_C, dtype), is_leaf=lambda x: x is None)
     if event_stage is not None and float(_event_value(name, y_np, cfg.schedule.delta, heads)) >= 0:
         rec.ended_by, rec.complete, rec.t1 = "event", True, t
         rec.wall = wall_before + time.perf_counter() - t_stage
@@ -503,6 +561,8 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     carry = _fresh_carry(dtype)
     for seg in _segments(grid, cfg.solver.save_per_decade) if len(grid) else []:
         y_moving = {b: jnp.asarray(y_np[b], dtype) for b in moves}
+        if log_c:
+            y_moving["C"] = jnp.asarray(_LogC.to_log(y_np["C"])[1], dtype)
         sc = cfg.solver
         f64 = lambda x: jnp.asarray(x, dtype=jnp.float64)  # noqa: E731
         ts, ys, result, stats, carry = _solve_segment(
@@ -511,6 +571,8 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
             delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress,
         )  # fmt: skip
         ts, ys, result, stats = jax.device_get((ts, ys, result, stats))
+        if log_c:
+            ys = {**ys, "C": _LogC.from_log(sign_C, ys["C"])}
         rec.steps += int(stats["num_accepted_steps"])
         rec.rejected += int(stats["num_rejected_steps"])
         ts_kept, full, finite = _kept_rows(ts, ys, t, y_np, moves)
