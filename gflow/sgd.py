@@ -25,6 +25,7 @@ SGD, GD, the flow and the SDE (:mod:`gflow.sde`) are measured on one yardstick.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Literal
 
@@ -69,8 +70,8 @@ class SGDConfig(eqx.Module):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"sgd.{name} must be an integer >= 1, got {v!r}")
-        if not isinstance(self.seed, (int, np.integer)):
-            raise ValueError(f"sgd.seed must be an integer, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"sgd.seed must be an integer >= 0, got {self.seed!r}")
         if self.sampling not in _SAMPLINGS:
             raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
 
@@ -178,7 +179,7 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     return step, (P, keys, jnp.asarray(0))
 
 
-def sgd(config: Config, sgd: SGDConfig = SGDConfig(), *, loss: PopulationLoss | None = None,
+def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | None = None,
         params0: Params | None = None) -> SGDRun:  # fmt: skip
     """Run ``sgd.seeds`` independent SGD runs of ``sgd.steps`` steps (see the module
     docstring) and return their saved states.
@@ -188,19 +189,19 @@ def sgd(config: Config, sgd: SGDConfig = SGDConfig(), *, loss: PopulationLoss | 
     - `config`: the model, data, initialisation, time scales Λ (``schedule``, which must
       be ``"joint"``) and the fixed sample's estimator (``estimator``: the loss recorded
       at saved times and the sample that ``sampling="fixed"`` draws from).
-    - `sgd`: an :class:`SGDConfig`.
+    - `sgd`: an :class:`SGDConfig` (default ``SGDConfig()``).
     - `loss`: the fixed sample's ``L̂_N`` (default ``make_loss`` of the config).
     - `params0`: the initial θ (default: the paper's initialisation), shared by all seeds.
     """
     t_wall = time.perf_counter()
-    cfg, sc = config, sgd
+    cfg, sc = config, (SGDConfig() if sgd is None else sgd)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    step, (P, keys, _) = _sgd_runner(cfg, sc, loss, params0)
+    _, (P, keys, _) = _sgd_runner(cfg, sc, loss, params0)
     stepper = _Stepper(loss=loss, scale=_scale(cfg, cfg.estimator.jdtype), cfg=cfg, sc=sc)
     ks = _save_steps(sc.steps, sc.save_per_decade)
     saved = [P]
-    for k0, k1 in zip(ks[:-1], ks[1:]):
+    for k0, k1 in itertools.pairwise(ks):
         P = _advance(stepper, P, keys, jnp.asarray(int(k0)), jnp.asarray(int(k1)))
         saved.append(P)
     S = jax.device_get(jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *saved))  # (R, T, ...)
