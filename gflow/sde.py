@@ -15,8 +15,8 @@ issue is silent: no low-rank factor is needed at these sizes.
 
 Integrated with diffrax: Euler–Maruyama (``diffrax.Euler`` on an ``ODETerm`` plus a
 ``ControlTerm`` driven by a ``VirtualBrownianTree``) with the constant step ``dt``
-(default ``η/4``); R seeds vmapped, seed r's Brownian motion from
-``fold_in(key(seed), r)``. With ``noise = 0`` the equation is the gradient flow and the
+(default ``η/4``); R seeds, seed r's Brownian motion from
+``fold_in(key(seed), r)`` (vmapped in groups of 32). With ``noise = 0`` the equation is the gradient flow and the
 scheme is gradient descent with step ``dt``.
 """
 
@@ -151,8 +151,9 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     base = jax.random.key(sc.seed)
     keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(sc.seeds))
     f64 = jnp.float64
-    solve = jax.vmap(lambda k: _solve(terms, y0, k, jnp.asarray(K * dt, f64), jnp.asarray(dt, f64), ts, K))
-    Y = np.asarray(solve(keys))  # (R, T, P)
+    one = lambda k: _solve(terms, y0, k, jnp.asarray(K * dt, f64), jnp.asarray(dt, f64), ts, K)
+    # seeds vmapped in groups of 32 (the per-sequence gradients of every path at once would be R·N·|θ|)
+    Y = np.asarray(jax.lax.map(one, keys, batch_size=min(sc.seeds, 32)))  # (R, T, P)
     flat = Y.reshape(-1, Y.shape[-1])
     P = jax.vmap(unravel)(jnp.asarray(flat))
     losses = np.asarray(jax.lax.map(loss, P)).reshape(sc.seeds, len(ks))
