@@ -44,3 +44,8 @@ from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
 from .replicates import run_replicates as run_replicates
 from .vmapped import integrate_batch as integrate_batch
+from .sgd import SGDConfig as SGDConfig
+from .sgd import SGDRun as SGDRun
+from .sgd import sgd as sgd
+from .sde import SDEConfig as SDEConfig
+from .sde import sde as sde
