@@ -118,6 +118,10 @@ class SolverConfig(eqx.Module):
       Each decade is one solve, after which the trajectory is written to
       disk, so an interrupted run resumes from its last completed decade.
     - `progress`: show diffrax's tqdm progress meter.
+    - `joint_coords`: ``"log"`` (default) integrates the joint schedule's selector as
+      ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
+      losing weights; README "The joint flow's performance"), ``"C"`` in C itself.
+      Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
     """
 
     method: str | tuple[str, str, str] = eqx.field(

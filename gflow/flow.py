@@ -546,7 +546,9 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
              "(e.g. estimator.eps = 0 with tokens absent from a context)", t)  # fmt: skip
     vf = _VectorField(stage_loss=sl, scale=_scales(cfg, moves, dtype), counter=_count_evaluation)
     y_np = {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}
-    log_c = name == "joint" and cfg.solver.method_for(name) != "gd" and cfg.solver.joint_coords == "log"
+    # (η_C = 0: C is constant, kept in C so that it stays bit for bit)
+    log_c = (name == "joint" and cfg.solver.method_for(name) != "gd" and cfg.solver.joint_coords == "log"
+             and cfg.schedule.eta_C > 0)  # fmt: skip
     if log_c:  # sgd branch: the selector in log coordinates (see _LogC)
         sign_C = _LogC.to_log(y_np["C"])[0]
         vf = eqx.tree_at(lambda v: v.sign_C, vf, jnp.asarray(sign_C, dtype), is_leaf=lambda x: x is None)
