@@ -42,8 +42,10 @@ def test_log_coordinates_are_the_same_flow(loss):
 
 def test_gd_converges_to_joint_flow_first_order(loss):
     """GD (in C, as trained) − the joint flow (integrated in ℓ) = O(η): fitted
-    log-log slope over η = 0.04, 0.02, 0.01 at t = 2 within [0.9, 1.1]."""
-    cfg = CFG.replace(schedule={"t1": 2.0})
+    log-log slope over η = 0.04, 0.02, 0.01 at t = 2 within [0.9, 1.1] (c₀ = 0.5)."""
+    # c₀ = 0.5: at the paper's c₀ = 0.01 the selector's rates (∝ 1/‖C‖²) are in the hundreds
+    # and η = 0.01 is not yet in the regime ηλ ≪ 1 (measured slope 1.6 there: pre-asymptotic)
+    cfg = CFG.replace(schedule={"t1": 2.0}, init={"c0": 0.5})
     ref = gflow.integrate(cfg, loss=loss)
 
     def theta(tr):
