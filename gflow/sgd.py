@@ -16,7 +16,11 @@ Two ways to draw batches:
   sample (``make_loss``'s ``L̂_N``): epoch e is a random permutation of the N
   sequences cut into ``N // B`` batches (a remainder ``N mod B`` is left out of that
   epoch). The expected gradient is then exactly ∇L̂_N, the flow's; with ``B = N`` one
-  step is one epoch and equals one GD step.
+  step is one epoch and equals one GD step. Random reshuffling makes the noise cancel
+  over each epoch (at the end of whole epochs the spread over seeds is far below
+  √(η/B): measured 8e-6 for a where i.i.d. batches would give ~3e-3);
+- ``sampling = "replace"``: each batch is B i.i.d. uniform draws (with replacement)
+  from the fixed sample: the one-step covariance is exactly η²ΛΣΛ/B, the SME's.
 
 The loss recorded at saved times is ``L̂_N`` of the fixed sample (the flow's), so
 SGD, GD, the flow and the SDE (:mod:`gflow.sde`) are measured on one yardstick.
@@ -39,7 +43,7 @@ from .data import _sample
 from .loss import PopulationLoss, make_loss, resolve_layout
 from .model import Params, features, init_params
 
-_SAMPLINGS = ("fresh", "fixed")
+_SAMPLINGS = ("fresh", "fixed", "replace")
 
 
 class SGDConfig(eqx.Module):
@@ -50,7 +54,7 @@ class SGDConfig(eqx.Module):
     - `steps`: number of steps K (the run ends at ``t = Kη``), ``>= 1``.
     - `seeds`: number of independent runs R (vmapped), ``>= 1``.
     - `seed`: base PRNG seed of the batches (seed r uses ``fold_in(key(seed), r)``).
-    - `sampling`: ``"fresh"`` (default) or ``"fixed"`` (see the module docstring).
+    - `sampling`: ``"fresh"`` (default), ``"fixed"`` or ``"replace"`` (see the module docstring).
     - `save_per_decade`: saved steps per decade of k (a log grid from k = 1, plus k = 0
       and k = K), default 12.
     """
@@ -118,6 +122,9 @@ class _Stepper(eqx.Module):
             smp = _sample(self.cfg.data, B, jax.random.fold_in(key, k), jnp.float64)
             layout = resolve_layout(self.cfg.estimator.layout, self.cfg.data.d, self.cfg.model.M)
             feats = features(smp, self.cfg.model, layout=layout, dtype=self.cfg.estimator.jdtype)
+        elif self.sc.sampling == "replace":
+            idx = jax.random.randint(jax.random.fold_in(key, k), (B,), 0, L.N)
+            feats = jax.tree.map(lambda x: x[idx], L.feats)
         else:
             N = L.N
             nb = N // B

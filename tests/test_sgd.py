@@ -107,23 +107,28 @@ def test_sde_without_noise_is_the_flow(loss):
 
 
 def test_sgd_mean_approaches_flow(loss):
-    """Mean over R = 64 seeds of SGD (B = 10 drawn from the fixed sample, c₀ = 0.5) at t = 2 against
-    the flow: at η = 0.2 the bias of a is many standard errors; at η = 0.0125 a, the
-    selected c_S/Σc and the loss are within 4 standard errors of the flow."""
+    """Mean over R = 64 seeds of SGD (B = 10 drawn with replacement from the fixed sample,
+    c₀ = 0.5) at t = 2 against the flow: at η = 0.0125, a, the selected c_S/Σc and the
+    loss are within 4 standard errors of the flow, and the spread over seeds shrinks like
+    √η (ratio of standard deviations of a from η = 0.2 to 0.0125 within [2.5, 6.5]; √16 = 4).
+
+    (With random reshuffling, ``sampling = "fixed"``, the noise cancels over each epoch:
+    measured spread of a 8e-6 at η = 0.0125 after 8 epochs, so the O(η) discretisation
+    bias, 2e-5, is then 21 of its standard errors: that mode is not a diffusion.)"""
     # c₀ = 0.5: at the paper's c₀ = 0.01 the selector's rates (∝ 1/‖C‖²) are in the
     # hundreds, so every η here would be far outside the regime ηλ ≪ 1 where the O(η)
-    # expansion holds (GD's and SGD's ‖C‖ grows at O(η λ) per unit time)
+    # expansion holds
     cfg = CFG.replace(init={"c0": 0.5})
     flow = gflow.integrate(cfg.replace(solver={"rtol": 1e-10, "atol": 1e-12}), loss=loss)
     sel = int(np.argmax(flow.c_frac[-1]))
-    z = {}
+    z, sd = {}, {}
     for eta in (0.2, 0.0125):
-        run = sgd(cfg, SGDConfig(eta=eta, batch=10, steps=round(2.0 / eta), seeds=64, sampling="fixed",
+        run = sgd(cfg, SGDConfig(eta=eta, batch=10, steps=round(2.0 / eta), seeds=64, sampling="replace",
                                  save_per_decade=1), loss=loss)  # fmt: skip
         assert run.ts[-1] == pytest.approx(2.0)
-        z[eta] = []
+        z[eta], sd[eta] = [], run.a[:, -1].std(ddof=1)
         for x, f in ((run.a[:, -1], flow.a[-1]), (run.c_frac[:, -1, sel], flow.c_frac[-1, sel]),
                      (run.loss[:, -1], flow.loss[-1])):  # fmt: skip
             z[eta].append(abs(x.mean() - f) / (x.std(ddof=1) / np.sqrt(len(x))))
     assert max(z[0.0125]) < 4, z
-    assert z[0.2][0] > 4, z
+    assert 2.5 < sd[0.2] / sd[0.0125] < 6.5, sd
