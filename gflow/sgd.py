@@ -18,7 +18,8 @@ Two ways to draw batches:
   epoch). The expected gradient is then exactly ∇L̂_N, the flow's; with ``B = N`` one
   step is one epoch and equals one GD step. Random reshuffling makes the noise cancel
   over each epoch (at the end of whole epochs the spread over seeds is far below
-  √(η/B): measured 8e-6 for a where i.i.d. batches would give ~3e-3);
+  √(η/B): measured 8e-6 for a at η = 0.0125 after 8 epochs, against 0.012 at η = 0.2
+  within one epoch);
 - ``sampling = "replace"``: each batch is B i.i.d. uniform draws (with replacement)
   from the fixed sample: the one-step covariance is exactly η²ΛΣΛ/B, the SME's.
 
