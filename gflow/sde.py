@@ -135,6 +135,8 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     cfg, sc = config, (SDEConfig() if sde is None else sde)
     if cfg.schedule.kind != "joint":
         raise ValueError(f"the SDE runs the joint schedule: schedule.kind must be 'joint', got {cfg.schedule.kind!r}")
+    if cfg.estimator.shard or cfg.estimator.chunk:
+        raise ValueError("the SDE does not support estimator.shard or estimator.chunk")
     dtype = cfg.estimator.jdtype
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)

@@ -158,11 +158,13 @@ def _save_steps(K: int, per_decade: int) -> np.ndarray:
     return np.unique(np.concatenate([[0], g[g < K], [K]]))
 
 
-def _check(cfg: Config, sc: SGDConfig, loss: PopulationLoss):
+def _check(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None):
+    """Bad requests fail here, before the sample is drawn."""
+    N = cfg.estimator.N if loss is None else loss.N
     if cfg.schedule.kind != "joint":
         raise ValueError(f"SGD runs the joint schedule: schedule.kind must be 'joint', got {cfg.schedule.kind!r}")
-    if sc.sampling == "fixed" and sc.batch > loss.N:
-        raise ValueError(f"sgd.batch = {sc.batch} must be <= estimator.N = {loss.N} for sampling='fixed'")
+    if sc.sampling == "fixed" and sc.batch > N:
+        raise ValueError(f"sgd.batch = {sc.batch} must be <= estimator.N = {N} for sampling='fixed'")
     if cfg.estimator.shard or cfg.estimator.chunk:
         raise ValueError("SGD does not support estimator.shard or estimator.chunk (batches are small)")
 
@@ -171,9 +173,9 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     """``(step, state)``: ``step(state)`` advances every seed by one step (for timing);
     ``state = (P, keys, k)``."""
     dtype = cfg.estimator.jdtype
+    _check(cfg, sc, loss)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    _check(cfg, sc, loss)
     stepper = _Stepper(loss=loss, scale=_scale(cfg, dtype), cfg=cfg, sc=sc)
     p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, dtype=dtype)
     P = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (sc.seeds,) + jnp.shape(x)), p0)
@@ -203,6 +205,7 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
     """
     t_wall = time.perf_counter()
     cfg, sc = config, (SGDConfig() if sgd is None else sgd)
+    _check(cfg, sc, loss)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     _, (P, keys, _) = _sgd_runner(cfg, sc, loss, params0)

@@ -59,3 +59,18 @@ def test_gd_converges_to_joint_flow_first_order(loss):
         errs.append(np.linalg.norm(theta(gd) - theta(ref)))
     order = np.polyfit(np.log(etas), np.log(errs), 1)[0]
     assert 0.9 < order < 1.1, (errs, order)
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ValueError, match=r"solver\.joint_coords must be one of \('log', 'C'\), got 'x'"):
+        gflow.Config().replace(solver={"joint_coords": "x"})
+    with pytest.raises(ValueError, match=r"sgd\.sampling must be one of .*'replace'.*got 'bad'"):
+        gflow.SGDConfig(sampling="bad")
+    with pytest.raises(ValueError, match=r"sgd\.eta must be a finite number > 0, got -1"):
+        gflow.SGDConfig(eta=-1.0)
+    with pytest.raises(ValueError, match=r"sde\.noise must be a finite number >= 0"):
+        gflow.SDEConfig(noise=-1.0)
+    with pytest.raises(ValueError, match=r"sgd\.batch = 500 must be <= estimator\.N = 200"):
+        gflow.sgd(CFG, gflow.SGDConfig(batch=500, sampling="fixed"))
+    with pytest.raises(ValueError, match=r"schedule\.kind must be 'joint'"):
+        gflow.sgd(CFG.replace(schedule={"kind": "staged"}), gflow.SGDConfig())
