@@ -20,6 +20,7 @@ def loss():
     return gflow.make_loss(CFG.data, CFG.model, CFG.estimator)
 
 
+@pytest.mark.slow
 def test_log_coordinates_are_the_same_flow(loss):
     """ℓ = log|C| is an exact change of variables: at rtol 1e-10 the trajectory equals
     the one integrated in C (every saved θ within 1e-7, a zero C_S stays exactly 0 in

@@ -53,6 +53,7 @@ def _var_se(x):
     return v, np.sqrt(np.maximum((xc**4).mean(0) - v**2, 0) / len(x))
 
 
+@pytest.mark.slow
 def test_one_step_covariance(loss):
     """One step from θ₀ over R = 1500 seeds: Var(θ₁ − θ₀) = η²/B · ΛΣΛ for the SME
     (Euler–Maruyama with dt = η: (η/B)·dt·Σ) and, for SGD drawing B of the N sample
@@ -106,6 +107,7 @@ def test_sde_without_noise_is_the_flow(loss):
     assert 0.85 < order < 1.15, (errs, order)
 
 
+@pytest.mark.slow
 def test_sgd_mean_approaches_flow(loss):
     """Mean over R = 64 seeds of SGD (B = 10 drawn with replacement from the fixed sample,
     c₀ = 0.5) at t = 2 against the flow: at η = 0.0125, a, the selected c_S/Σc and the
