@@ -41,6 +41,11 @@ from .flow import FlowError as FlowError
 from .flow import integrate as integrate
 from .ladder import loss_ladder as loss_ladder
 from .replicates import run_replicates as run_replicates
+from .sde import SDEConfig as SDEConfig
+from .sde import sde as sde
+from .sgd import SGDConfig as SGDConfig
+from .sgd import SGDRun as SGDRun
+from .sgd import sgd as sgd
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
 from .theory import theory_report as theory_report

@@ -37,6 +37,7 @@ from .model import InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd")
+_JOINT_COORDS = ("log", "C")
 
 
 def _floats(x) -> tuple[float, ...]:
@@ -121,6 +122,10 @@ class SolverConfig(eqx.Module):
       Each decade is one solve, after which the trajectory is written to
       disk, so an interrupted run resumes from its last completed decade.
     - `progress`: show diffrax's tqdm progress meter.
+    - `joint_coords`: ``"log"`` (default) integrates the joint schedule's selector as
+      ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
+      losing weights; README "The joint flow's performance"), ``"C"`` in C itself.
+      Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
     """
 
     method: str | tuple[str, str, str] = eqx.field(
@@ -133,6 +138,7 @@ class SolverConfig(eqx.Module):
     save_per_decade: int = eqx.field(static=True, default=12)
     tau_min: float = eqx.field(static=True, default=1e-3)
     progress: bool = eqx.field(static=True, default=False)
+    joint_coords: str = eqx.field(static=True, default="log")
 
     def method_for(self, stage: str) -> str:
         """The solver used for a stage (``"I"``, ``"II"``, ``"III"``; ``"joint"``
@@ -164,6 +170,8 @@ class SolverConfig(eqx.Module):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
+        if self.joint_coords not in _JOINT_COORDS:
+            raise ValueError(f"solver.joint_coords must be one of {_JOINT_COORDS}, got {self.joint_coords!r}")
         if not isinstance(self.progress, bool):
             raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
 

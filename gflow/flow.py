@@ -108,11 +108,16 @@ class _VectorField(eqx.Module):
     scale: dict
     tag: jax.Array | None = None  # the run's evaluation counter (see _new_tag); None: not counted
 
+    # joint schedule (sgd branch): when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
+    sign_C: jax.Array | None = None
+
     def __call__(self, t, y: dict, args) -> dict:
         if self.tag is not None:
             jax.debug.callback(_tick, self.tag)
-        g = jax.grad(self.stage_loss)(y)
-        return {b: -self.scale[b] * g[b] for b in y}
+        if self.sign_C is None:
+            g = jax.grad(self.stage_loss)(y)
+            return {b: -self.scale[b] * g[b] for b in y}
+        return _LogC.field(self, y)
 
 
 class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
@@ -158,6 +163,55 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
         clipped = keep & (t1 - t0 < dt_prev * (1 - 1e-9))
         dt = jnp.where(clipped, jnp.maximum(nt1 - nt0, dt_prev), nt1 - nt0)
         return keep, nt0, nt1, jump, (st, dt), result
+
+
+# --- joint flow in log-selector coordinates (sgd branch: issue 15) -------------------------------
+
+
+class _LogC:
+    """The joint flow with the selector in log coordinates ``ℓ_S = log|C_S|``.
+
+    Exact change of variables (not an approximation): ``∂L/∂C_S = 2 C_S ∂L/∂c_S``
+    (``c = C²``), so ``C_S = 0`` is invariant, ``C_S`` never changes sign, and
+    ``dℓ_S/dt = (dC_S/dt)/C_S = −2 η_C ∂L/∂c_S``. In C the losing sets decay like
+    ``C_S ∝ e^{−λ_S t}`` with ``λ_S ∝ 1/‖C‖²`` (hundreds at the paper's c₀ = 0.01,
+    since the flow keeps ‖C‖ fixed: the loss depends on C only through c/Σc), a stiff
+    mode an explicit solver must resolve at every step; in ℓ the same decay is a
+    straight line ``ℓ_S ≈ ℓ_S(0) − λ_S t`` whose Jacobian vanishes with ``c_S``.
+
+    The field is evaluated at ``max(ℓ, ℓ_floor)`` with ``e^{2ℓ_floor} =
+    tiny^{1/2}`` (1e-154 in float64, 1e-19 in float32), so that
+    ``c_S``'s share of Σc is far below rounding (its effect on the loss is exactly
+    zero in floating point) while ``∂L/∂c_S = g_S/(2C_S)`` stays finite after ``c_S``
+    would underflow. Components with ``C_S = 0`` (sign 0) stay 0, as in the flow.
+    """
+
+    @staticmethod
+    def floor(dtype) -> float:
+        return float(0.25 * np.log(np.finfo(np.dtype(dtype)).tiny))
+
+    @staticmethod
+    def to_log(C):
+        C = np.asarray(C)
+        tiny = np.finfo(C.dtype).tiny
+        return np.sign(C), np.log(np.maximum(np.abs(C), tiny)).astype(C.dtype)
+
+    @staticmethod
+    def from_log(sign, ell):
+        return np.asarray(sign) * np.exp(np.asarray(ell))
+
+    @staticmethod
+    def field(vf, y: dict) -> dict:
+        ell = y["C"]
+        lo = _LogC.floor(ell.dtype)
+        Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
+        g = jax.grad(vf.stage_loss)({**y, "C": Cc})
+        safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
+        dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
+        return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
+
+
+# ---------------------------------------------------------------------------------------------------
 
 
 def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
@@ -673,6 +727,11 @@ class _StageRun:
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
         self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
+        # the joint flow integrates the selector in log coordinates (_LogC; η_C = 0: C is constant,
+        # kept in C so that it stays bit for bit)
+        self.log_c = (rec.name == "joint" and cfg.solver.method_for(rec.name) != "gd"
+                      and cfg.solver.joint_coords == "log" and cfg.schedule.eta_C > 0)  # fmt: skip
+        self.sign_C = _LogC.to_log(y_np["C"])[0] if self.log_c else None
         self.t_stage = time.perf_counter()
         self.wall_before, self.nfev_before = rec.wall, rec.nfev
         self.tag = _new_tag()
@@ -746,12 +805,17 @@ class _StageRun:
     def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
         """The j-th solve: its moving blocks' start, its start and end times, and its saved times."""
         seg = self.segs[self.j]
-        return {b: self.y_np[b] for b in self.moves}, self.t, float(seg[-1]), seg
+        y0 = {b: self.y_np[b] for b in self.moves}
+        if self.log_c:
+            y0["C"] = _LogC.to_log(self.y_np["C"])[1]
+        return y0, self.t, float(seg[-1]), seg
 
     def take(self, ts, ys: dict, result, stats):
         """Count a solve's steps and keep its rows; returns the rows to append
         (``(ts, {"w", "C", "a"})``, or ``None``) and the solve's outcome for :meth:`settle`."""
         rec = self.rec
+        if self.log_c:
+            ys = {**ys, "C": _LogC.from_log(self.sign_C, ys["C"])}
         rec.steps += int(stats["num_accepted_steps"])
         rec.rejected += int(stats["num_rejected_steps"])
         ts_kept, full, finite = _kept_rows(ts, ys, self.t, self.y_np, self.moves)
@@ -803,7 +867,9 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
     cfg, traj = run.cfg, run.traj
     dtype = cfg.estimator.jdtype
     if run.start(bool(finite0)):
-        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=jnp.asarray(run.tag))
+        sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
+        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=jnp.asarray(run.tag),
+                          sign_C=sign_C)  # fmt: skip
         sc = cfg.solver
         carry = _fresh_carry(dtype)
         saved = traj.controller

@@ -379,7 +379,10 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
         scale = {b: jnp.broadcast_to(v, (B,)) for b, v in _scales(cfg, moves, dtype).items()}
         # idle members count under tag -1, which no run holds
         tags = jnp.asarray([stage[r].tag if r in stage else -1 for r in members])
-        vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags)
+        sign_C = None
+        if stage[r0].log_c:  # the joint selector in log coordinates, each replicate's own signs
+            sign_C = jnp.asarray(np.stack([stage[r if r in stage else r0].sign_C for r in members]), dtype)
+        vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C)
         settings = {
             "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
             "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,

@@ -53,7 +53,6 @@ import sys
 import tempfile
 import time
 
-
 from _bench import median_s, rss_mb
 
 # The shortened run (see the module docstring): Stage I for one time unit

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+from statistics import NormalDist
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from statistics import NormalDist
 
 import gflow
 from gflow import model as gmodel
@@ -327,12 +327,12 @@ PRIOR_CFG = gflow.DataConfig(d=3, parents=(1, 2), alpha=0.1, L=20)
 PRIOR_N = 1000
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prior_sample(seed: int) -> gflow.Sample:
     return gflow.sample(PRIOR_CFG, PRIOR_N, key=jax.random.key(seed))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prior_loss(seed: int, layout: str, norm: str = "sum", kind: str = "log") -> gflow.PopulationLoss:
     model = gflow.ModelConfig(M=3, H=3, D=2, norm=norm)
     est = gflow.EstimatorConfig(N=PRIOR_N, seed=seed, layout=layout, loss=kind)

@@ -13,8 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import gflow
 from helpers import (
     EXACT_CFGS,
     K_TRIGRAM,
@@ -31,6 +29,8 @@ from helpers import (
     stationary,
     window_transition_loops,
 )
+
+import gflow
 
 # ---------------------------------------------------------------------------
 # Configuration errors name the field
@@ -94,7 +94,7 @@ _CHAINS = [(3, (1, 2)), (2, (1, 3)), (2, (2,)), (2, (1, 2, 3))]
 _N_KERNELS = 40
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chain_fn(d, parents):
     """One compiled function per chain: (T, μ, [window_law(W) for W = 1..m+2])
     for a batch of ``_N_KERNELS`` kernels."""
@@ -115,7 +115,7 @@ def _chain_fn(d, parents):
     return run
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _dirichlet_case(d, parents):
     """Dirichlet(0.1) kernels (nearly reducible) and their (T, μ, window laws)."""
     rng = np.random.default_rng(1)

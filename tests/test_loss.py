@@ -13,14 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.flatten_util import ravel_pytree
-
-import gflow
 from helpers import (
     EXACT_CFGS,
-    chi2_quantile,
     PRIOR_CFG,
     PRIOR_N,
+    chi2_quantile,
     exact_problem,
     loss_per_sequence,
     loss_stats,
@@ -32,6 +29,9 @@ from helpers import (
     random_params,
     tree_allclose,
 )
+from jax.flatten_util import ravel_pytree
+
+import gflow
 
 _MODEL = gflow.ModelConfig(M=3, H=3, D=2)
 
@@ -43,7 +43,7 @@ _EXACT_CFGS = EXACT_CFGS
 _EXACT_PARAMS = random_params(jax.random.key(42), _MODEL, a=2.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _exact(name, kind="log"):
     """Exact loss, the per-sequence variance of ℓ_RB and the exact gradient, at θ."""
     ex, grad = exact_problem(_EXACT_CFGS[name], _MODEL, _EXACT_PARAMS, kind=kind)

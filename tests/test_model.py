@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import gih_counts, naive_forward, random_params, subsets_by_definition
 
 import gflow
 from gflow import model as gmodel
-from helpers import gih_counts, naive_forward, random_params, subsets_by_definition
 
 # ---------------------------------------------------------------------------
 # Index set, configuration, initialisation
@@ -103,7 +103,7 @@ def test_init_params_needs_H_le_M():
 # ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_fns(model: gflow.ModelConfig, d: int):
     """Jitted batch forward maps of both layouts: (κ, ŷ) per position map and
     ŷ from window counts (one compilation per model)."""
