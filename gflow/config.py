@@ -1,6 +1,6 @@
 """Run configuration: data, model, initialisation, schedule, solver, estimator.
 
-Every field has the SPEC's default (the paper's simulations), so ``Config()``
+Every field has the paper's default (the paper's simulations), so ``Config()``
 — or an empty TOML file — is the paper's default run. A TOML file has one
 table per section::
 
@@ -48,7 +48,7 @@ def _floats(x) -> tuple[float, ...]:
 
 
 class ScheduleConfig(eqx.Module):
-    """Which parameter blocks move, and for how long (SPEC §4).
+    """Which parameter blocks move, and for how long (README §M4).
 
     - `kind`: ``"staged"`` (the paper: Stage I moves only C, Stage II only w,
       Stage III only a) or ``"joint"`` (extension: all blocks at once with

@@ -1,4 +1,4 @@
-"""The data model: a mixture of n-gram Markov chains (SPEC §1).
+"""The data model: a mixture of n-gram Markov chains (README §M1).
 
 A sequence is drawn by first drawing a transition kernel ``π`` from the prior
 (independent ``Dirichlet(α·1_d)`` rows, one per parent configuration, or a
@@ -37,7 +37,7 @@ def _as_parents(p) -> tuple[int, ...]:
 
 
 class DataConfig(eqx.Module):
-    """The n-gram Markov mixture of SPEC §1.
+    """The n-gram Markov mixture of README §M1.
 
     **Arguments:**
 
@@ -264,7 +264,7 @@ def sample_kernels(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.floa
 
 
 def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> Sample:
-    """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (SPEC §1).
+    """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (README §M1).
 
     Vectorised over sequences; a single ``lax.scan`` over positions. The
     first ``p_k`` tokens come from the window chain's exact stationary law

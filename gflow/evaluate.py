@@ -13,7 +13,7 @@ sample, the run's layout and dtype), so the training configuration itself
 reproduces the run's final loss. The model, the loss definition
 (``estimator.loss``, ``ε``) and θ stay the run's.
 
-Choices (the issue is silent):
+Choices (the paper is silent):
 
 - The GIH rungs use the set the run selected (Stage II's heads; for a joint
   run, ``argmax c/Σc`` at the end), at each configuration's own

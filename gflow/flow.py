@@ -1,4 +1,4 @@
-"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (SPEC §4–5).
+"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (README §M4–§M5).
 
 :func:`integrate` runs a schedule and returns a :class:`~gflow.trajectory.Trajectory`:
 
@@ -108,7 +108,7 @@ class _VectorField(eqx.Module):
     scale: dict
     tag: jax.Array | None = None  # the run's evaluation counter (see _new_tag); None: not counted
 
-    # joint schedule (sgd branch): when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
+    # joint schedule: when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
     sign_C: jax.Array | None = None
 
     def __call__(self, t, y: dict, args) -> dict:
@@ -165,7 +165,7 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
         return keep, nt0, nt1, jump, (st, dt), result
 
 
-# --- joint flow in log-selector coordinates (sgd branch: issue 15) -------------------------------
+# --- joint flow in log-selector coordinates -------------------------------------------------------
 
 
 class _LogC:

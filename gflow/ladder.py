@@ -28,7 +28,7 @@ Gaps ``flow − bayes`` and ``gih − bayes`` (and ``unigram − bayes``,
 the share of the in-context gain the flow realises,
 ``(unigram − flow) / (unigram − bayes)``, with a delta-method SE.
 
-Choices (the issue is silent; extension of the paper):
+Choices (extension of the paper, which is silent here):
 
 - **Bayes is Bayes-optimal only for** ``start="uniform"`` **without a fixed
   kernel**: the uniform start tokens' likelihood does not depend on ``π``, so

@@ -1,4 +1,4 @@
-"""The figures of a run (SPEC §7).
+"""The figures of a run (README §M7).
 
 One function per figure, each taking the :class:`~gflow.trajectory.Trajectory`
 and the theory (the :class:`gflow.theory.Theory`, or its JSON dict, or ``None``
@@ -223,7 +223,7 @@ def _rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fit_a_log_tau(traj: Trajectory, theory: Theory | dict | None) -> dict | None:
     """Least-squares line ``a = slope·ln τ + intercept`` over the saved points of
     the stage in which ``a`` moves (Stage III, or the joint phase) whose ``a``
-    lies in the theory's validity window ``{F e^a ≥ C*/2}`` (SPEC §6.4; the
+    lies in the theory's validity window ``{F e^a ≥ C*/2}`` (README §M6.4; the
     paper's ``∂ₜa ≍ e^{−a}`` gives slope 1). ``τ = t − t_III`` (``t`` for a
     joint run); points at ``τ = 0`` are left out.
 
@@ -261,7 +261,7 @@ def plot_c_frac(
     """``c_S/Σc`` against ``log τ`` for every ``S ∈ 𝒮`` (one line each, labelled
     by its offsets, ``"∅"``, ``"{1,2}"``), one panel per stage (`stages`: the
     names to draw, default all; see the module's note on time axes). The
-    theory's ``S* = argmax Ĩ`` (SPEC §6.1) is drawn thicker.
+    theory's ``S* = argmax Ĩ`` (README §M6.1) is drawn thicker.
 
     `fig`: a ``Figure`` or ``SubFigure`` to draw into (default: a new one);
     `compact`: shorter titles and the legend inside, for :func:`plot_summary`.
@@ -331,7 +331,7 @@ def plot_copier(
     at saved indices `before` (default the start) and `after` (default the end),
     each cell annotated with its value, one colorbar on ``[0, 1]``. The cells
     ``s^(h)_h`` of the selected heads (Stage II's set, else ``S*``) are outlined
-    in red: Stage II drives them to 1 (SPEC §6.3).
+    in red: Stage II drives them to 1 (README §M6.3).
     """
     from matplotlib.patches import Rectangle
 
@@ -483,7 +483,7 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
     stage where ``a`` moves, with ±1 SE bars from the gradient's Monte Carlo SE)
     against ``a``, with the theory's ``F(a)·e^a`` of the GIH and its ±1 SE band,
     ``C* = max F·e^a`` (and ``C*/2``), the validity window (shaded) and ``a*``
-    (SPEC §6.4)."""
+    (README §M6.4)."""
     if ax is None:
         ax = _new_figure(_SIZE_SINGLE).subplots()
     seg = _a_segment(traj)
@@ -597,7 +597,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
     """The loss ``L̂`` with its ±1 SE band against ``log τ``, one panel per stage
     (shared y axis; `stages` selects them; see the module's note on time axes),
     with the GIH's limit loss ``inf_a L_GIH`` and its SE as a horizontal line in
-    every panel (SPEC §6.5), in the stage where ``a`` moves the GIH's loss
+    every panel (README §M6.5), in the stage where ``a`` moves the GIH's loss
     ``L_GIH(a(τ))`` along the measured ``a``, and each stage's change of loss
     ``ΔL`` (from the previous stage's last state) in its panel's title; with
     ``theory["ladder"]``, the oracle, Bayes and unigram rungs as further

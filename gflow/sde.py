@@ -2,7 +2,7 @@
 
 ``dθ = −Λ ∇L̂_N(θ) dt + √(η/B) Λ Σ(θ)^{1/2} dW``  (Itô),
 
-the SME of Li, Tai & E (2017) to the order of the issue: the drift is the gradient
+the SME of Li, Tai & E (2017) to first order in η: the drift is the gradient
 flow's, the diffusion matches the covariance of one SGD step,
 ``Cov(θ_{k+1} − θ_k) = η² ΛΣΛ / B``, over a time step ``dt = η``. ``Σ(θ)`` is the
 covariance of the per-sequence gradients ``∇ℓ_n(θ)`` over the fixed sample of N
@@ -10,8 +10,8 @@ sequences (``make_loss``): ``Σ = (1/N) Σ_n (∇ℓ_n − ∇L̂)(∇ℓ_n − 
 batch of B drawn with replacement from the sample has covariance exactly Σ/B; drawn
 fresh, Σ estimates the population covariance). θ has only ``H·M + |𝒮| + 1`` entries
 (17 at the paper's sizes), so Σ is formed in full and ``Σ^{1/2}`` is its symmetric
-square root (``eigh``, negative rounding eigenvalues clipped to 0); choice where the
-issue is silent: no low-rank factor is needed at these sizes.
+square root (``eigh``, negative rounding eigenvalues clipped to 0); choice (a low-rank factor
+would also do): no low-rank factor is needed at these sizes.
 
 Integrated with diffrax: Euler–Maruyama (``diffrax.Euler`` on an ``ODETerm`` plus a
 ``ControlTerm`` driven by a ``VirtualBrownianTree``) with the constant step ``dt``

@@ -1,4 +1,4 @@
-"""Scale-out of the estimator (SPEC §5): chunked evaluation and sharding of the
+"""Scale-out of the estimator (README §M5): chunked evaluation and sharding of the
 sequence axis over devices.
 
 Truth: the unchunked, single-device estimator. Both transformations only

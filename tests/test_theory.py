@@ -1,4 +1,4 @@
-"""Tests of gflow.theory (SPEC §6) against truth: brute-force enumeration,
+"""Tests of gflow.theory (README §M6) against truth: brute-force enumeration,
 closed forms for kernels with known structure, the model's own derivatives,
 finite differences, and Monte Carlo trends outside their standard errors."""
 
