@@ -22,7 +22,6 @@ be resumed.
 from __future__ import annotations
 
 import importlib.metadata
-import itertools
 import time
 from pathlib import Path
 
@@ -31,8 +30,22 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 
+from ._solve import (
+    _COUNTS,
+    _event_coordinates,
+    _event_value,
+    _f64,
+    _fresh_carry,
+    _grid,
+    _LogC,
+    _new_tag,
+    _scales,
+    _segments,
+    _solve_segment,
+    _stats_at,
+    _VectorField,
+)
 from .config import Config
 from .loss import PopulationLoss, StageLoss, make_loss
 from .model import Params, init_params
@@ -65,349 +78,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "not installed"
     return out
-
-
-# ---------------------------------------------------------------------------
-# Vector field and events
-# ---------------------------------------------------------------------------
-
-
-def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
-    # arrays, not static floats: runs that differ only in (η_w, η_C, η_a) share the compiled solve
-    eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
-    return {b: jnp.asarray(eta[b], dtype) for b in moves}
-
-
-# Vector-field evaluations, counted on the host, one counter per stage run: the field
-# carries its run's tag (an array leaf, so tags do not recompile the solve) and a debug
-# callback adds one to that tag's count per evaluation. Under vmap the callback is called
-# once per replicate with its own tag, so each replicate of a batch counts the evaluations
-# of the batched field.
-_COUNTS: dict[int, int] = {}
-_TAGS = itertools.count()
-
-
-def _new_tag() -> int:
-    tag = next(_TAGS)
-    _COUNTS[tag] = 0
-    return tag
-
-
-def _tick(tag) -> None:
-    t = int(tag)
-    if t in _COUNTS:
-        _COUNTS[t] += 1
-
-
-class _VectorField(eqx.Module):
-    """``−Λ ∇L̂`` restricted to the moving blocks: the ODE state is the dict of
-    moving blocks only, so frozen blocks stay bit-for-bit fixed and an
-    implicit solver's Jacobian is only as large as what moves."""
-
-    stage_loss: StageLoss
-    scale: dict
-    tag: jax.Array | None = None  # the run's evaluation counter (see _new_tag); None: not counted
-
-    # joint schedule: when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
-    sign_C: jax.Array | None = None
-
-    def __call__(self, t, y: dict, args) -> dict:
-        if self.tag is not None:
-            jax.debug.callback(_tick, self.tag)
-        if self.sign_C is None:
-            g = jax.grad(self.stage_loss)(y)
-            return {b: -self.scale[b] * g[b] for b in y}
-        return _LogC.field(self, y)
-
-
-class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
-    """diffrax's ``PIDController`` whose state also keeps the last proposed
-    step, so a stage integrated one decade (one ``diffeqsolve``) at a time
-    continues each solve with the step size and error history the previous
-    one ended with, instead of restarting the controller (a fresh start
-    guesses a step, usually far too small late in a stage, and climbs back
-    with rejections: it doubled the vector-field evaluations of a run).
-
-    The state is ``(pid_state, dt)``; ``dt <= 0`` means "no previous solve":
-    the PID controller's own initial-step heuristic is used.
-    """
-
-    pid: diffrax.PIDController
-
-    @property
-    def rtol(self):
-        return self.pid.rtol
-
-    @property
-    def atol(self):
-        return self.pid.atol
-
-    @property
-    def norm(self):
-        return self.pid.norm
-
-    def wrap(self, direction):
-        return _CarriedPID(self.pid.wrap(direction))
-
-    def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
-        tnext, st = self.pid.init(terms, t0, t1, y0, dt0, args, func, error_order)
-        return tnext, (st, tnext - t0)
-
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
-        st, dt_prev = controller_state
-        keep, nt0, nt1, jump, st, result = self.pid.adapt_step_size(
-            t0, t1, y0, y1_candidate, args, y_error, error_order, st
-        )
-        # An accepted step shorter than the step proposed before it was clipped to the end of the
-        # solve: its own proposal reflects the clipped length, so keep the larger of the two.
-        clipped = keep & (t1 - t0 < dt_prev * (1 - 1e-9))
-        dt = jnp.where(clipped, jnp.maximum(nt1 - nt0, dt_prev), nt1 - nt0)
-        return keep, nt0, nt1, jump, (st, dt), result
-
-
-# --- joint flow in log-selector coordinates -------------------------------------------------------
-
-
-class _LogC:
-    """The joint flow with the selector in log coordinates ``ℓ_S = log|C_S|``.
-
-    Exact change of variables (not an approximation): ``∂L/∂C_S = 2 C_S ∂L/∂c_S``
-    (``c = C²``), so ``C_S = 0`` is invariant, ``C_S`` never changes sign, and
-    ``dℓ_S/dt = (dC_S/dt)/C_S = −2 η_C ∂L/∂c_S``. In C the losing sets decay like
-    ``C_S ∝ e^{−λ_S t}`` with ``λ_S ∝ 1/‖C‖²`` (hundreds at the paper's c₀ = 0.01,
-    since the flow keeps ‖C‖ fixed: the loss depends on C only through c/Σc), a stiff
-    mode an explicit solver must resolve at every step; in ℓ the same decay is a
-    straight line ``ℓ_S ≈ ℓ_S(0) − λ_S t`` whose Jacobian vanishes with ``c_S``.
-
-    The field is evaluated at ``max(ℓ, ℓ_floor)`` with ``e^{2ℓ_floor} =
-    tiny^{1/2}`` (1e-154 in float64, 1e-19 in float32), so that
-    ``c_S``'s share of Σc is far below rounding (its effect on the loss is exactly
-    zero in floating point) while ``∂L/∂c_S = g_S/(2C_S)`` stays finite after ``c_S``
-    would underflow. Components with ``C_S = 0`` (sign 0) stay 0, as in the flow.
-    """
-
-    @staticmethod
-    def floor(dtype) -> float:
-        return float(0.25 * np.log(np.finfo(np.dtype(dtype)).tiny))
-
-    @staticmethod
-    def to_log(C):
-        C = np.asarray(C)
-        tiny = np.finfo(C.dtype).tiny
-        return np.sign(C), np.log(np.maximum(np.abs(C), tiny)).astype(C.dtype)
-
-    @staticmethod
-    def from_log(sign, ell):
-        return np.asarray(sign) * np.exp(np.asarray(ell))
-
-    @staticmethod
-    def field(vf, y: dict) -> dict:
-        ell = y["C"]
-        lo = _LogC.floor(ell.dtype)
-        Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
-        g = jax.grad(vf.stage_loss)({**y, "C": Cc})
-        safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
-        dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
-        return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
-
-
-# ---------------------------------------------------------------------------------------------------
-
-
-def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
-    """Real-valued event function, crossing zero upwards at the stage's event."""
-    if stage == "I":
-        c = y["C"] ** 2
-        return jnp.max(c / c.sum()) - (1.0 - delta)
-    # Stage II: every head h of the selected set attends to offset h.
-    s = jax.nn.softmax(y["w"], axis=-1)
-    return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
-
-
-def _event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
-    """What a stage's event reads: ``c/Σc`` (Stage I) or the attention rows
-    ``s^(h)`` of the selected heads (Stage II)."""
-    if stage == "I":
-        c = y["C"] ** 2
-        return c / c.sum()
-    s = jax.nn.softmax(y["w"], axis=-1)
-    return jnp.stack([s[h - 1] for h in heads])
-
-
-# A stage has settled when running it as long again would move its event's coordinates by less than
-# this fraction of δ (the resolution at which the event reads them).
-STEADY_FRACTION = 0.1
-
-
-def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
-    """Boolean steady-state condition of a stage with an event (extension):
-    ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
-    ``rtol = 0``) applied to ``τ·dφ/dt``, and ``τ‖dφ/dt‖ < STEADY_FRACTION·‖φ − φ₀‖``,
-    where ``φ`` are the coordinates the event reads (:func:`_event_coordinates`),
-    ``dφ/dt = Jφ·f`` along the vector field ``f = −Λ∇L̂`` (the moving block's
-    gradient times its time scale), ``τ = t − t_stage0`` the stage's elapsed
-    time and ``φ₀`` the coordinates at the stage's start (the solve's ``args``
-    are ``(t_stage0, φ₀)``).
-
-    Why these choices: (i) the factor τ makes the test invariant under a
-    rescaling of time — a stage that ran to τ has settled when running it as
-    long again would change ``φ`` by less than the tolerance; diffrax's plain
-    ``‖f‖ < atol + rtol‖y‖`` is not, and stops slow stages early or fast ones
-    late. (ii) The second condition asks that the flow has decelerated: its
-    rate is a tenth of its average rate ``‖φ − φ₀‖/τ`` so far (early in a slow
-    stage ``τ‖dφ/dt‖ ≈ ‖φ − φ₀‖`` is small too, without any settling).
-    (iii) ``φ``, not the logits ``w``: a copier approaching a face of the
-    simplex (``s_i → 0``) has logits moving like ``log t`` (``τ‖ẇ‖`` stays of
-    order one), so no tolerance on ``w`` ever ends such a stage. (iv) The
-    tolerance ``δ/10``: an approach to the event like a power ``1 − s ~ τ^{−β}``
-    has ``τ ṡ = β(1 − s) > βδ`` until the event fires, so only approaches
-    slower than ``β = 1/10`` could be mistaken for steady; the solver's error
-    (rtol ≈ 1e-8) is far below it.
-    """
-    def inf_norm(x):
-        return jnp.max(jnp.abs(x))
-
-    base = diffrax.steady_state_event(rtol=0.0, atol=STEADY_FRACTION * delta, norm=inf_norm)
-
-    def cond(t, y, args, *, terms, **kwargs):
-        t_stage0, phi0 = args
-        tau = jnp.maximum(t - t_stage0, 0.0)
-        f = terms.vf(t, y, args)
-        phi, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
-        rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
-        small = base(t, jnp.zeros_like(dphi), args, terms=rate, **kwargs)
-        decelerated = tau * inf_norm(dphi) < STEADY_FRACTION * inf_norm(phi - phi0)
-        # False at the stage's start (τ = 0), where diffrax also evaluates boolean conditions
-        return (tau > 0) & small & decelerated
-
-    return cond
-
-
-# ---------------------------------------------------------------------------
-# One segment: a single diffeqsolve
-# ---------------------------------------------------------------------------
-
-
-def _fresh_carry(dtype):
-    """The controller carry of a stage's first solve: no previous step."""
-    # float64 whatever the state's dtype: diffrax's PID step leaves its state in the (float64) time
-    # dtype, and the loop carry must keep its dtypes (a float32 state crashed here)
-    one = jnp.asarray(1.0, jnp.float64)
-    return ((one, one, jnp.asarray(False)), jnp.asarray(0.0, jnp.float64))
-
-
-@eqx.filter_jit
-def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
-                   progress, steady=False, t_stage0=None):  # fmt: skip
-    """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
-
-    With ``steady`` (adaptive solvers, stages with an event), the solve also
-    stops when the stage has settled (:func:`_steady_cond`; ``t_stage0`` is
-    ``(stage start time, event coordinates there)``); ``stats["steady"]`` then says that this, not the stage's
-    event, ended it.
-
-    ``carry`` is the step-size controller's state at the end of the previous
-    solve of the stage (:func:`_fresh_carry` for the first); the controller
-    state at the end of this one is returned. Only solver settings are static,
-    so runs that differ in durations, seeds, data or time scales reuse the
-    compiled solve.
-    """
-    controller_state = None
-    if method == "gd":
-        solver, controller = diffrax.Euler(), diffrax.ConstantStepSize()
-    else:
-        solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
-        controller = _CarriedPID(diffrax.PIDController(rtol=rtol, atol=atol))
-        term = diffrax.ODETerm(vf)
-        pid_state, dt_prev = carry
-        # the previous solve's last proposed step, or (first solve) the PID heuristic; lax.cond
-        # evaluates only the branch taken, so a continued solve spends no evaluations here
-        dt0 = jax.lax.cond(
-            dt_prev > 0,
-            lambda: dt_prev,
-            # y0 in the time dtype: diffrax's initial-step heuristic mixes y's and t's dtypes (float32 state)
-            lambda: controller.init(
-                term, t0, t1, jax.tree.map(lambda x: x.astype(t0.dtype), y0), None, None, solver.func,
-                solver.error_order(term),
-            )[1][1],
-        )
-        dt0 = jnp.minimum(dt0, t1 - t0)
-        controller_state = (pid_state, dt0)
-    event = None
-    if event_stage is not None:
-        fn = lambda t, y, args, **kw: _event_value(event_stage, y, delta, heads)  # noqa: E731
-        if method == "gd":
-            # gradient descent stops at the first iterate where the condition holds
-            event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
-        else:
-            event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
-            if steady:
-                event = diffrax.Event([fn, _steady_cond(event_stage, heads, delta)], root_finder=event.root_finder,
-                                      direction=[True, None])  # fmt: skip
-    sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(vf),
-        solver,
-        t0,
-        t1,
-        dt0,
-        y0,
-        args=t_stage0 if steady else None,
-        saveat=diffrax.SaveAt(ts=ts, t1=True, controller_state=method != "gd"),
-        stepsize_controller=controller,
-        controller_state=controller_state,
-        event=event,
-        max_steps=max_steps,
-        # never differentiated through: a plain while loop (no checkpointing machinery)
-        adjoint=diffrax.ForwardMode(),
-        throw=False,
-        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
-    )
-    stats = sol.stats
-    if steady and event_stage is not None and method != "gd":
-        event_fired, steady_fired = sol.event_mask
-        stats = dict(stats, steady=steady_fired & ~event_fired)
-    return sol.ts, sol.ys, sol.result, stats, (carry if method == "gd" else sol.controller_state)
-
-
-@eqx.filter_jit
-def _stats_at(loss: PopulationLoss, ys: Params):
-    st = jax.lax.map(loss.stats, ys)
-    return st
-
-
-# ---------------------------------------------------------------------------
-# Save grids
-# ---------------------------------------------------------------------------
-
-
-def _grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
-    """Saved times of a stage in ``(t0, t_end]``: ``t0 + τ`` with τ on a
-    logarithmic grid of ``save_per_decade`` points a decade from ``tau_min``
-    (each stage's clock starts at its start), ending exactly at ``t_end``; on
-    multiples of η for "gd"."""
-    sc = cfg.solver
-    dur = t_end - t0
-    k = sc.save_per_decade
-    n = max(1, int(np.floor(k * np.log10(dur / sc.tau_min) + 1e-9)) + 1) if dur > sc.tau_min else 1
-    g = t0 + sc.tau_min * 10.0 ** (np.arange(n) / k)
-    g = np.append(g[g < t_end], t_end)
-    if sc.is_gd:
-        # whole steps only: the stage takes ⌈(t_end − t0)/η⌉ steps (its end is
-        # rounded up to the next iterate), and every saved time is an iterate
-        eta = sc.eta
-        k0 = round(t0 / eta)
-        n_end = max(1, int(np.ceil((t_end - t0) / eta - 1e-9)))
-        m = np.clip(np.round((g - t0) / eta), 1, n_end)
-        g = (k0 + np.unique(np.append(m, n_end))) * eta
-    return np.unique(g)
-
-
-def _segments(grid: np.ndarray, size: int) -> list[np.ndarray]:
-    """Split the grid into solves of ``size`` points (a decade), each padded
-    with its end: every solve of every run with the same solver settings has
-    one shape, so it compiles once."""
-    parts = [grid[i : i + size] for i in range(0, len(grid), size)]
-    return [np.concatenate([p, np.full(size - len(p), p[-1])]) for p in parts]
 
 
 # ---------------------------------------------------------------------------
@@ -895,6 +565,3 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
                                jax.tree.leaves(carry)]}  # fmt: skip
             run.settle(outcome)
 
-
-def _f64(x):
-    return jnp.asarray(x, dtype=jnp.float64)

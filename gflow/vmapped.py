@@ -9,7 +9,7 @@ them as one batch:
 - the R losses (:func:`gflow.make_loss` of each seed: identical shapes) are
   stacked along a new leading axis, and every stage's
   :class:`~gflow.loss.StageLoss`, every ``diffeqsolve`` of a stage's decade
-  (``gflow.flow._solve_segment``) and the loss statistics at the saved
+  (``gflow._solve._solve_segment``) and the loss statistics at the saved
   times run under ``eqx.filter_vmap`` over that axis. diffrax's step-size
   control, event detection and root find act per replicate (a batched
   ``while`` loop runs until the last replicate is done; the others are

@@ -349,7 +349,7 @@ def test_step_control_carried_across_solves():
     steps growing geometrically over four decades."""
     import diffrax
 
-    from gflow.flow import _grid, _segments, _VectorField
+    from gflow._solve import _grid, _segments, _VectorField
     from gflow.loss import StageLoss
 
     T = 1e4

@@ -1,4 +1,4 @@
-"""The joint flow in log-selector coordinates (gflow/flow.py, ``_LogC``; README
+"""The joint flow in log-selector coordinates (gflow/_solve.py, ``_LogC``; README
 "The joint flow's performance"): the same flow as in C, with far fewer evaluations,
 and gradient descent converging to it at first order."""
 

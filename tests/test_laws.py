@@ -11,8 +11,8 @@ import pytest
 import gflow
 from gflow import laws
 from gflow import model as gmodel
+from gflow._solve import _VectorField
 from gflow.config import from_dict
-from gflow.flow import _VectorField
 from gflow.loss import StageLoss, make_loss
 from gflow.model import Params, init_params
 from gflow.theory import make_gih, stage1_rates
