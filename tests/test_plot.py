@@ -19,6 +19,7 @@ import pytest
 
 import gflow
 from gflow import plot as gplot
+from gflow._plot_base import _SIZE_SINGLE
 from gflow.cli import main
 from gflow.config import Config
 from gflow.theory import ChiSquaredRanking, Stage1Duration, StageIIILaw, StageIRates, Theory
@@ -260,7 +261,7 @@ def test_a_vs_logt_slope_is_an_independent_least_squares(traj, theory, tmp_path)
     (astar,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("$a^*$")]
     assert set(np.ravel(astar.get_ydata())) == {3.5}
     assert "t_{\\rm III}" in ax.get_xlabel()
-    _save(fig, tmp_path, "a_vs_logt", size=gplot._SIZE_SINGLE)
+    _save(fig, tmp_path, "a_vs_logt", size=_SIZE_SINGLE)
 
 
 def test_fit_needs_a_window(traj, theory):
@@ -288,7 +289,7 @@ def test_rate_is_minus_eta_grad_times_exp_a(traj, theory, tmp_path):
     for key in ("C^*", "C^*/2", "window", "a^*", "±1 SE"):
         assert key in labels
     assert ax.get_xlim()[1] < 10  # not the whole theory grid (up to a = 30)
-    _save(fig, tmp_path, "rate", size=gplot._SIZE_SINGLE)
+    _save(fig, tmp_path, "rate", size=_SIZE_SINGLE)
 
 
 def test_loss_panels_and_limit(traj, theory, tmp_path):
