@@ -330,7 +330,7 @@ _KEY_TYPES: dict[str, _Type] = {
     "solver.save_per_decade": _INT,
     "solver.tau_min": _FLOAT,
     "solver.progress": _BOOL,
-    "solver.batch": _INT,
+    "solver.joint_coords": _STR,
     "estimator.N": _INT,
     "estimator.seed": _INT,
     "estimator.eps": _FLOAT,

@@ -413,8 +413,12 @@ def test_theory_report_is_json_and_consistent(loss_d3):
 
 def test_coverage_reads_options_that_may_not_exist_yet():
     cfg = Config()
+    # every law covers the paper's default run, except the ce_on_probs tail law (another loss)
     for law in LAW_COVERAGE:
-        assert covers(LAW_COVERAGE[law], cfg) == (True, "")
+        assert covers(LAW_COVERAGE[law], cfg)[0] == (law != "gih_tail"), law
+    ok, why = covers(LAW_COVERAGE["gih_tail"], cfg)
+    assert not ok and "estimator.loss = 'log'" in why
+    assert covers(LAW_COVERAGE["gih_tail"], cfg.replace(estimator={"loss": "ce_on_probs"})) == (True, "")
     ok, why = covers(LAW_COVERAGE["stage1"], cfg.replace(model={"norm": "layer"}))
     assert not ok and "model.norm = 'layer'" in why and "('sum',)" in why
     ok, why = covers(LAW_COVERAGE["gih_limit"], cfg.replace(estimator={"loss": "ce_on_probs"}))
