@@ -32,7 +32,8 @@ from collections import Counter
 
 import numpy as np
 
-from .checks import _jsonable as _checks_jsonable
+from ._io import STAGE_CODES
+from ._io import jsonable as _checks_jsonable
 from .trajectory import Trajectory
 
 __all__ = ["QUANTITIES", "RowSpread", "StageBands", "bands", "row_spread", "summarize"]
@@ -45,7 +46,7 @@ QUANTITIES = {
     "loss": "the loss L̂",
 }
 
-_STAGE_INDEX = {"I": 1, "II": 2, "III": 3, "joint": 0}
+_STAGE_INDEX = STAGE_CODES
 
 # Two saved τ's of different replicates within this relative distance are one
 # grid point: τ is recovered as (t0 + τ) − t0, whose rounding error is

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._io import STAGE_CODES
 from ._solve import (
     _COUNTS,
     _event_coordinates,
@@ -258,7 +259,7 @@ def _check_params(p: Params, cfg: Config) -> None:
 
 
 def _stage_index(name: str) -> int:
-    return {"I": 1, "II": 2, "III": 3, "joint": 0}[name]
+    return STAGE_CODES[name]
 
 
 # Settings that may differ on resume: they do not change the trajectory already saved.

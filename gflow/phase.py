@@ -64,9 +64,9 @@ shards — in one shared folder or several — into one ``phase.csv``,
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import atomic_write_text
 from .config import Config
 from .model import subset_label
 from .sweep import _cell, _dirname, _show, headline, run_point, sweep_points
@@ -343,9 +344,7 @@ def _definition(config: Config, fields, points, *, flow: bool, n_pi: int, pi_see
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
 
 
 def _columns(fields, flow: bool) -> list[str]:
@@ -354,13 +353,12 @@ def _columns(fields, flow: bool) -> list[str]:
 
 def _write_csv(path: Path, fields, rows, flow: bool) -> None:
     cols = _columns(fields, flow)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(cols)
-        for r in rows:
-            w.writerow([_cell(r.get(c), full=True) for c in cols])
-    tmp.replace(path)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([_cell(r.get(c), full=True) for c in cols])
+    atomic_write_text(path, buf.getvalue())
 
 
 def _parse_shard(shard) -> tuple[int, int] | None:

@@ -90,6 +90,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import atomic_write_text
 from .bands import QUANTITIES, RowSpread, StageBands, _fmt_summary, _jsonable, bands, row_spread, summarize
 from .config import Config
 from .model import subset_label
@@ -310,9 +311,7 @@ def _ms(m, s, spec=".4g") -> str:
 
 
 def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, text)
 
 
 # ---------------------------------------------------------------------------

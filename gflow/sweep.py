@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -51,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from ._fit import log_slope
+from ._io import atomic_write_text, rows_of_stage
 from .config import Config
 from .model import subset_label
 from .trajectory import Trajectory
@@ -237,21 +240,11 @@ def _dirname(k: int, point: dict) -> str:
 
 
 def _stage_rows(traj: Trajectory, name: str) -> np.ndarray:
-    idx = {"I": 1, "II": 2, "III": 3, "joint": 0}[name]
-    return np.flatnonzero(traj.stage == idx)
+    return rows_of_stage(traj.stage, name)
 
 
 def _slope(tau, a, window) -> tuple[float, int]:
-    try:
-        from .checks import log_slope
-    except ImportError:  # pragma: no cover - gflow.checks is written concurrently
-        log_slope = None
-    if log_slope is not None:
-        return log_slope(tau, a, window)
-    m = (tau > 0) & (a >= window[0]) & (a <= window[1])
-    if m.sum() < 2:
-        return math.nan, int(m.sum())
-    return float(np.polyfit(np.log(tau[m]), a[m], 1)[0]), int(m.sum())
+    return log_slope(tau, a, window)
 
 
 def headline(traj: Trajectory, report: dict | None = None) -> dict[str, Any]:
@@ -430,10 +423,9 @@ def run_point(
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
-    tmp = path.with_name(path.stem + ".tmp.csv")
-    with open(tmp, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(fields + ["dir", *COLUMNS])
-        for r in rows:
-            w.writerow([_cell(r.get(c), full=True) for c in fields + ["dir", *COLUMNS]])
-    tmp.replace(path)
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(fields + ["dir", *COLUMNS])
+    for r in rows:
+        w.writerow([_cell(r.get(c), full=True) for c in fields + ["dir", *COLUMNS]])
+    atomic_write_text(path, buf.getvalue())
