@@ -351,3 +351,34 @@ def test_published_run_a_agrees_gd_to_epoch_100():
     assert abs(rel[8]) < A_TOL_REL, c
     # the GD's ‖C‖ grows as the published one does (0.026 → 0.37 by epoch 20)
     assert c["C_norm"][6] > 10 * c["C_norm"][0]
+
+
+FLOW_A_TOL_REL = 0.025
+
+
+@pytest.mark.slow
+def test_published_run_a_agrees_flow_every_epoch_from_100():
+    """The reference-compatible *flow* (joint, selector in log coordinates,
+    float64, Tsit5 at rtol 1e-6) against the published a(t) at every published
+    epoch ≥ 100 (100, 10³, 10⁴, 5·10⁴): about 50 s on a quiet core.
+
+    Tolerance 2.5% relative: the sample-to-sample spread of a(100) is 0.45%
+    (four seeds, see the GD test), 4.4 of which is 2%; the flow and GD at
+    η = 1 differ by 0.2% at epoch 100 and 0.015% at 10³ (measured), and float32
+    against float64 by < 1e-7: 0.5% is left for the discretisation and the
+    late drift of the published run (its ‖C‖ falls from 0.368 to 0.348 between
+    10⁴ and 5·10⁴, which no gradient step on a loss that ignores ‖C‖ can do).
+    Measured: 1.06%, 0.44%, 0.36%, 1.31%. The flow conserves ‖C‖ (README §M8.6),
+    while the published (discrete) run's grows from 0.026 to 0.37."""
+    r = _script()
+    pub = r.read_published()
+    tr = gflow.integrate(r.reference_config("tsit5", 5e4, dtype="float64", rtol=1e-6, atol=1e-9))
+    c = r.compare(tr, pub)
+    ep = np.array(c["epoch"])
+    rel = np.array(c["a_rel_diff"])
+    late = ep >= 100
+    assert late.sum() == 4 and np.all(np.isfinite(rel[late]))
+    assert np.all(np.abs(rel[late]) < FLOW_A_TOL_REL), c
+    norms = np.array(c["C_norm"])
+    # ‖C‖ is conserved by the flow; in log coordinates to the solver tolerance (rtol 1e-6 a step)
+    np.testing.assert_allclose(norms, norms[0], rtol=1e-4)
