@@ -239,21 +239,13 @@ def _dirname(k: int, point: dict) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _stage_rows(traj: Trajectory, name: str) -> np.ndarray:
-    return rows_of_stage(traj.stage, name)
-
-
-def _slope(tau, a, window) -> tuple[float, int]:
-    return log_slope(tau, a, window)
-
-
 def headline(traj: Trajectory, report: dict | None = None) -> dict[str, Any]:
     """The headline numbers of one run (the columns of :data:`COLUMNS`, without
     the point's values); `report` is its check report's JSON dict
     (``report.json``), which supplies the theory's predictions."""
     th = (report or {}).get("theory") or {}
     staged = any(st.name == "I" for st in traj.stages)
-    rows = _stage_rows(traj, "I" if staged else "joint")
+    rows = rows_of_stage(traj.stage, "I" if staged else "joint")
     S_meas = None
     if rows.size:
         S_meas = subset_label(traj.subsets[int(np.argmax(traj.c_frac[rows[-1]]))])
@@ -261,8 +253,8 @@ def headline(traj: Trajectory, report: dict | None = None) -> dict[str, Any]:
     slope, npts = math.nan, 0
     rec3 = next((st for st in traj.stages if st.name in ("III", "joint")), None)
     if rec3 is not None and win[0] is not None and win[1] is not None:
-        r3 = _stage_rows(traj, rec3.name)
-        slope, npts = _slope(traj.ts[r3] - rec3.t0, traj.a[r3], (win[0], win[1]))
+        r3 = rows_of_stage(traj.stage, rec3.name)
+        slope, npts = log_slope(traj.ts[r3] - rec3.t0, traj.a[r3], (win[0], win[1]))
     verdict = None if report is None else [r.get("passed") for r in report.get("rows", [])]
     return {
         "status": traj.status,
