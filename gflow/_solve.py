@@ -30,11 +30,21 @@ def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
     return {b: jnp.asarray(eta[b], dtype) for b in moves}
 
 
-# Vector-field evaluations, counted on the host, one counter per stage run: the field
-# carries its run's tag (an array leaf, so tags do not recompile the solve) and a debug
-# callback adds one to that tag's count per evaluation. Under vmap the callback is called
-# once per replicate with its own tag, so each replicate of a batch counts the evaluations
-# of the batched field.
+# Vector-field evaluations. Two ways to count them:
+#
+# - in the program (the single driver with "tsit5" or "gd"): an explicit solver's evaluations
+#   are a known function of what the solve did (see _solve_segment's ``nfev``), computed from
+#   diffrax's step counts and the controller state. The compiled program then has no host
+#   callback, so JAX's persistent compilation cache can keep it: a program with a callback is
+#   never written to that cache (the callback is a pointer into the process), and the three
+#   stage solves were recompiled on every warm start;
+# - on the host (implicit solvers, whose Newton iterations vary, and the batched driver): one
+#   counter per stage run; the field carries its run's tag (an array leaf, so tags do not
+#   recompile the solve) and a debug callback adds one to that tag's count per evaluation.
+#   Under vmap the callback is called once per replicate with its own tag, so each replicate
+#   of a batch counts the evaluations of the batched field.
+#
+# tests/test_flow.py checks that both ways give the same count.
 _COUNTS: dict[int, int] = {}
 _TAGS = itertools.count()
 
@@ -80,8 +90,12 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
     guesses a step, usually far too small late in a stage, and climbs back
     with rejections: it doubled the vector-field evaluations of a run).
 
-    The state is ``(pid_state, dt)``; ``dt <= 0`` means "no previous solve":
-    the PID controller's own initial-step heuristic is used.
+    The state is ``(pid_state, dt, (accepted, n_first))``; ``dt <= 0`` means "no previous
+    solve": the PID controller's own initial-step heuristic is used. ``accepted`` says
+    whether this solve has accepted a step and ``n_first`` counts the steps rejected before
+    its first accepted one (each re-evaluates the field at the solve's start: Tsit5 reuses
+    its last stage only after an accepted step); only ``(pid_state, dt)`` is carried to the
+    next solve.
     """
 
     pid: diffrax.PIDController
@@ -103,10 +117,10 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
 
     def init(self, terms, t0, t1, y0, dt0, args, func, error_order):
         tnext, st = self.pid.init(terms, t0, t1, y0, dt0, args, func, error_order)
-        return tnext, (st, tnext - t0)
+        return tnext, (st, tnext - t0, _fresh_first())
 
     def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, controller_state):
-        st, dt_prev = controller_state
+        st, dt_prev, (accepted, n_first) = controller_state
         keep, nt0, nt1, jump, st, result = self.pid.adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, st
         )
@@ -114,7 +128,13 @@ class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
         # solve: its own proposal reflects the clipped length, so keep the larger of the two.
         clipped = keep & (t1 - t0 < dt_prev * (1 - 1e-9))
         dt = jnp.where(clipped, jnp.maximum(nt1 - nt0, dt_prev), nt1 - nt0)
-        return keep, nt0, nt1, jump, (st, dt), result
+        first = (accepted | keep, n_first + jnp.where(accepted | keep, 0, 1))
+        return keep, nt0, nt1, jump, (st, dt, first), result
+
+
+def _fresh_first():
+    """``(accepted, n_first)`` of a solve that has taken no step (:class:`_CarriedPID`)."""
+    return jnp.asarray(False), jnp.asarray(0, jnp.int32)
 
 
 # --- joint flow in log-selector coordinates -------------------------------------------------------
@@ -284,7 +304,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
             )[1][1],
         )
         dt0 = jnp.minimum(dt0, t1 - t0)
-        controller_state = (pid_state, dt0)
+        controller_state = (pid_state, dt0, _fresh_first())
     event = None
     if event_stage is not None:
         fn = lambda t, y, args, **kw: _event_value(event_stage, y, delta, heads)  # noqa: E731
@@ -314,11 +334,41 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         throw=False,
         progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )
-    stats = sol.stats
+    stats = dict(sol.stats)
     if steady and event_stage is not None and method != "gd":
         event_fired, steady_fired = sol.event_mask
         stats = dict(stats, steady=steady_fired & ~event_fired)
-    return sol.ts, sol.ys, sol.result, stats, (carry if method == "gd" else sol.controller_state)
+    if method == "gd":
+        stats["nfev"] = stats["num_steps"]  # Euler: one evaluation a step, none at the start
+        return sol.ts, sol.ys, sol.result, stats, carry
+    pid_state, dt_last, (accepted, n_first) = sol.controller_state
+    if method == "tsit5":
+        stats["nfev"] = _tsit5_nfev(stats["num_steps"], accepted, n_first, carry[1] > 0,
+                                    steady and event_stage is not None)  # fmt: skip
+    return sol.ts, sol.ys, sol.result, stats, (pid_state, dt_last)
+
+
+def _tsit5_nfev(num_steps, accepted, n_first, continued, steady):
+    """The vector-field evaluations of one Tsit5 ``diffeqsolve`` of :func:`_solve_segment`,
+    from what it did (no host callback needed; tests/test_flow.py checks it against the
+    host counter):
+
+    - the PID controller's initial-step heuristic, 2 (``f(t0, y0)`` and one trial step),
+      unless the solve continues the previous one's step (``continued``);
+    - the first stage ``f(t0, y0)``, once per attempt up to the first accepted step
+      (``n_first`` rejected attempts, and the accepted one): Tsit5 is "first same as
+      last", so after an accepted step its last stage is the next step's first;
+    - six new stages a step, accepted or rejected;
+    - with the steady ending (:func:`_steady_cond`), one evaluation at the start and one
+      after every step (the condition reads ``f``). When the steady ending fires, diffrax's
+      event root-finder calls the condition again, but only for its boolean value, which it
+      discards: that evaluation is dead code and is not executed (the host counter, whose
+      callback keeps it alive, counts it: 3,680 against 3,679 on the steady Stage II of
+      tests/test_laws.py).
+    """
+    start = n_first + jnp.where(accepted, 1, 0)
+    n = jnp.where(continued, 0, 2) + start + 6 * num_steps
+    return n + (1 + num_steps if steady else 0)
 
 
 @eqx.filter_jit

@@ -158,12 +158,37 @@ def _enable_compilation_cache() -> None:
     """JAX's persistent compilation cache for the command line: a second
     ``gflow run`` of the same shapes skips XLA compilation. ``GFLOW_CACHE``
     names the folder (default ``~/.cache/gflow/xla``); ``GFLOW_CACHE=none``
-    turns it off."""
+    turns it off.
+
+    JAX never writes a program that calls back into Python (a host callback) to
+    that cache. Two kinds of callback would keep the stage solves out of it:
+    gflow's evaluation counter (now counted inside the program for explicit
+    solvers, ``gflow._solve``) and equinox's runtime checks (``eqx.error_if``),
+    which diffrax uses to check its inputs (``dt0``'s sign, ``saveat.ts``
+    increasing and inside ``[t0, t1]``) and which lower to a callback that
+    raises. So, in this command-line process only and unless ``EQX_ON_ERROR``
+    is set, those checks are traced in equinox's ``"nan"`` mode: a failed check
+    returns NaN instead of raising, which gflow's drivers report as a
+    non-finite state (a failed stage, the partial trajectory kept). gflow builds
+    these inputs itself (increasing save grids inside each solve), so the checks
+    cannot fail. Importing gflow changes nothing of this: only ``gflow`` on the
+    command line does it.
+    """
     import jax
 
     where = os.environ.get("GFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow", "xla"))
-    if where.lower() != "none":
-        jax.config.update("jax_compilation_cache_dir", where)
+    if where.lower() == "none":
+        return
+    jax.config.update("jax_compilation_cache_dir", where)
+    # JAX caches only compilations that took ≥ 1 s by default; a run compiles ~120 small
+    # programs of 20–200 ms each (the theory, the checks, the loss at saved states), which
+    # together cost ~10 s of a warm start. Cache them all.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if "EQX_ON_ERROR" not in os.environ:
+        from equinox import _errors
+
+        if getattr(_errors, "EQX_ON_ERROR", None) == "raise":
+            _errors.EQX_ON_ERROR = "nan"
 
 
 def main(argv: list[str] | None = None) -> int:

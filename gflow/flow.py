@@ -385,8 +385,12 @@ class _StageRun:
     whether to raise it.
     """
 
+    # count every solver's evaluations on the host (tests/test_flow.py compares the two counts)
+    host_count = False
+
     def __init__(self, traj: Trajectory, rec: StageRecord, cfg: Config, y_np: dict, t: float, t_end: float,
-                 out: Path | None, *, wall0: float, t_wall: float, verbose: bool = False):  # fmt: skip
+                 out: Path | None, *, wall0: float, t_wall: float, verbose: bool = False,
+                 batched: bool = False):  # fmt: skip
         self.traj, self.rec, self.cfg, self.out = traj, rec, cfg, out
         self.y_np, self.t, self.t_end = y_np, t, t_end
         self.wall0, self.t_wall, self.verbose = wall0, t_wall, verbose
@@ -405,7 +409,13 @@ class _StageRun:
         self.sign_C = _LogC.to_log(y_np["C"])[0] if self.log_c else None
         self.t_stage = time.perf_counter()
         self.wall_before, self.nfev_before = rec.wall, rec.nfev
+        # evaluations: counted in the compiled program for explicit solvers (no host callback,
+        # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
+        # (the batched driver counts on the host: each replicate counts the batched evaluations)
+        self.in_program = (not (batched or _StageRun.host_count)
+                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd"))  # fmt: skip
         self.tag = _new_tag()
+        self.nfev_program = 0
         self.segs: list[np.ndarray] = []
         self.j = 0
         self.error: FlowError | None = None
@@ -417,7 +427,7 @@ class _StageRun:
 
     def _clock(self) -> None:
         rec = self.rec
-        rec.nfev = self.nfev_before + _COUNTS.get(self.tag, 0)
+        rec.nfev = self.nfev_before + _COUNTS.get(self.tag, 0) + self.nfev_program
         rec.wall = self.wall_before + time.perf_counter() - self.t_stage
         self.traj.wall = self.wall0 + time.perf_counter() - self.t_wall
 
@@ -487,6 +497,8 @@ class _StageRun:
         rec = self.rec
         if self.log_c:
             ys = {**ys, "C": _LogC.from_log(self.sign_C, ys["C"])}
+        if self.in_program:
+            self.nfev_program += int(stats["nfev"])
         rec.steps += int(stats["num_accepted_steps"])
         rec.rejected += int(stats["num_rejected_steps"])
         ts_kept, full, finite = _kept_rows(ts, ys, self.t, self.y_np, self.moves)
@@ -539,8 +551,8 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
     dtype = cfg.estimator.jdtype
     if run.start(bool(finite0)):
         sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
-        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=jnp.asarray(run.tag),
-                          sign_C=sign_C)  # fmt: skip
+        tag = None if run.in_program else jnp.asarray(run.tag)
+        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
         sc = cfg.solver
         carry = _fresh_carry(dtype)
         saved = traj.controller

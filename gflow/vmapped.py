@@ -366,7 +366,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
     name, cfg = recs[r0].name, runs.cfgs[r0]
     sc, dtype, B = cfg.solver, cfg.estimator.jdtype, len(members)
     stage = {r: _StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
-                          runs.outs[r], wall0=0.0, t_wall=runs.t_wall) for r in active}  # fmt: skip
+                          runs.outs[r], wall0=0.0, t_wall=runs.t_wall, batched=True) for r in active}  # fmt: skip
     moves, heads, event_stage = stage[r0].moves, stage[r0].heads, stage[r0].event_stage
 
     y_b = Params(**{b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in _BLOCKS})

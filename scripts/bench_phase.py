@@ -12,8 +12,14 @@
    wall time per point (theory + integration + check report), the first
    (compilations) and the others. Target: ≤ 10 s per point after the first.
 
+3. **Warm against cold** (``--warm K``): ``K`` pairs of ``python -m gflow run`` of the
+   paper's default in new processes, each pair a *cold* run (an empty persistent
+   compilation cache, ``GFLOW_CACHE`` a new folder) and then a *warm* one (the cache the
+   cold run filled). Wall time of each, their medians and the median of the pairwise
+   ratios warm/cold. Target: ≤ 0.5 (a second invocation should not pay the set-up again).
+
 Prints the load average (``uptime``) with every number. Usage:
-``python scripts/bench_phase.py [--flow-points 4] [--skip-theory] [--skip-flow]``.
+``python scripts/bench_phase.py [--flow-points 4] [--skip-theory] [--skip-flow] [--warm 3]``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -38,7 +45,11 @@ def main(argv=None) -> None:
     ap.add_argument("--flow-points", type=int, default=4)
     ap.add_argument("--skip-theory", action="store_true")
     ap.add_argument("--skip-flow", action="store_true")
+    ap.add_argument("--warm", type=int, default=0, metavar="K", help="K cold/warm pairs of `gflow run` (part 3)")
     args = ap.parse_args(argv)
+    if args.warm:
+        _warm_vs_cold(args.warm)
+        return
 
     import gflow
     from gflow.phase import run_phase
@@ -72,6 +83,31 @@ def main(argv=None) -> None:
         for r in res.rows:
             print(f"  w+={r['init.w_plus']:.3g}: argmax J {r['argmax_J']}, selected {r['selected']}, "
                   f"t_I {r['t_event_I']} vs predicted {r['stage1_duration']:.4g}, verdict {r['verdict_gflow']}")
+
+
+def _timed_run(cache: str, out: str) -> float:
+    env = dict(os.environ, GFLOW_CACHE=cache)
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gflow", "run", "--out", out], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def _warm_vs_cold(pairs: int) -> None:
+    """Part 3 (module docstring)."""
+    tmp = tempfile.mkdtemp(prefix="bench_warm_")
+    cold, warm = [], []
+    for k in range(pairs):
+        print("load before:", _load(), flush=True)
+        cache = f"{tmp}/cache{k}"
+        cold.append(_timed_run(cache, f"{tmp}/cold{k}"))
+        warm.append(_timed_run(cache, f"{tmp}/warm{k}"))
+        print(f"pair {k + 1}: cold {cold[-1]:.1f} s, warm {warm[-1]:.1f} s, ratio {warm[-1] / cold[-1]:.2f}", flush=True)
+    ratios = np.array(warm) / np.array(cold)
+    print(f"gflow run (the paper's default), {pairs} pairs: cold median {np.median(cold):.1f} s "
+          f"(min {min(cold):.1f}, max {max(cold):.1f}); warm median {np.median(warm):.1f} s (min {min(warm):.1f}, "
+          f"max {max(warm):.1f}); warm/cold median {np.median(ratios):.2f} (target <= 0.5)", flush=True)  # fmt: skip
+    print("load after:", _load(), flush=True)
 
 
 if __name__ == "__main__":

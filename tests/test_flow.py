@@ -376,3 +376,45 @@ def test_step_control_carried_across_solves():
     assert one <= steps <= one + n_solves, (steps, one, n_solves)
     np.testing.assert_allclose(tr.a[-1], float(sol.ys["a"][-1]), rtol=1e-6)
     np.testing.assert_array_equal(tr.w[-1], np.asarray(p0.w))
+
+
+# ---------------------------------------------------------------------------
+# Evaluation counts: in the compiled program (explicit solvers) = on the host
+# ---------------------------------------------------------------------------
+
+
+def _host_counted(monkeypatch, cfg, **kw):
+    from gflow.flow import _StageRun
+
+    monkeypatch.setattr(_StageRun, "host_count", True)
+    try:
+        return gflow.integrate(cfg, **kw)
+    finally:
+        monkeypatch.setattr(_StageRun, "host_count", False)
+
+
+def test_evaluation_count_in_program_equals_host_count(monkeypatch, small_run, small_config, small_loss):
+    """The single driver counts an explicit solver's evaluations from what each solve did
+    (gflow._solve._tsit5_nfev: the initial-step heuristic, first stages up to the first
+    accepted step, six a step, the steady test), so its compiled program has no host
+    callback. That count equals the host counter's (a callback per evaluation) stage by
+    stage, over a run with first and continued solves, rejected steps, events and the steady
+    test, and the trajectory is the same."""
+    traj, _ = small_run
+    host = _host_counted(monkeypatch, small_config, loss=small_loss)
+    assert sum(s.rejected for s in traj.stages) > 0  # the count covers rejected steps
+    assert [(s.name, s.nfev, s.steps, s.rejected) for s in traj.stages] == [
+        (s.name, s.nfev, s.steps, s.rejected) for s in host.stages
+    ]
+    for name in _ARRAYS:
+        np.testing.assert_array_equal(getattr(traj, name), getattr(host, name), err_msg=name)
+
+
+def test_evaluation_count_gd_in_program_equals_host_count(monkeypatch):
+    """GD (explicit Euler): one evaluation a step, counted in the program, equals the host count."""
+    cfg = SMALL.replace(estimator={"N": 200}, solver={"method": "gd", "eta": 0.5},
+                        schedule={"durations": [20.0, 10.0, 5.0]})  # fmt: skip
+    prog = gflow.integrate(cfg)
+    host = _host_counted(monkeypatch, cfg)
+    assert [(s.nfev, s.steps) for s in prog.stages] == [(s.nfev, s.steps) for s in host.stages]
+    assert all(s.nfev == s.steps > 0 for s in prog.stages)
