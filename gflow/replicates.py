@@ -53,8 +53,11 @@ takes 15.7 MB a sample, so R = 10 is one batch; at N = 10⁶ (1.6 GB a
 sample) the replicates run one at a time. ``batch=1`` is the sequential
 path: :func:`gflow.integrate` of each replicate in turn, every jitted
 function compiled once and reused. A chunk of one replicate runs that way
-too, and so does every replicate that ``resume`` continues from its folder
-(a batch always starts from t = 0). The compiled solves depend on the batch
+too. A replicate that ``resume`` continues from its folder runs in its chunk
+like the others, from its own saved state, time and step-size controller
+(:func:`gflow.vmapped.integrate_batch` with ``resume``; it idles through the
+stages it has completed): it is what :func:`gflow.integrate` resuming it
+gives, to rounding. The compiled solves depend on the batch
 size: each distinct batch size compiles once (as long as a single run's).
 
 *Speed.* On a CPU the gain is modest at best: one evaluation of the vector
@@ -359,9 +362,11 @@ def run_replicates(
       chunk of one).
     - `overwrite`: replace runs already in the replicate folders.
     - `resume`: replicate folders that already hold a run are resumed
-      (:func:`gflow.integrate` with ``resume=True``, one after another: a
-      complete run is reused as it is, an interrupted one continued) instead
-      of refused; the replicates without a run are integrated in batches.
+      instead of refused, in their chunks like the others
+      (:func:`gflow.vmapped.integrate_batch` with ``resume``: what
+      :func:`gflow.integrate` with ``resume=True`` gives; a complete run is
+      reused as it is, an interrupted one continued), and the replicates
+      without a run are integrated from the start.
     - `check`: run the check report (:mod:`gflow.checks`) on every replicate
       (with `out`, ``check_run`` writes ``report.json`` into each folder)
       and report the spread of its rows; `check_kwargs` go to it (e.g.
@@ -381,7 +386,6 @@ def run_replicates(
     (before any replicate runs) an existing replicate folder without
     `resume` or `overwrite`.
     """
-    from .flow import FlowError, integrate
     from .vmapped import _integrate_batch
 
     seeds = replicate_seeds(config, R, base_seed)
@@ -398,10 +402,9 @@ def run_replicates(
                 f"replicate folders already hold runs ({', '.join(taken[:3])}{', …' if len(taken) > 3 else ''}): "
                 "resume them (resume=True, `gflow run --replicates R --resume`) or choose another --out"
             )
-    # replicates resumed from their folders run one by one; the others in chunks of B
+    # in chunks of B, in order; a replicate whose folder holds a run is resumed in its chunk
     again = [d is not None and resume and (d / "run.json").exists() for d in dirs]
-    fresh = [r for r in range(len(seeds)) if not again[r]]
-    batches = [[r] for r in range(len(seeds)) if again[r]] + [fresh[i : i + B] for i in range(0, len(fresh), B)]
+    batches = [list(range(i, min(i + B, len(seeds)))) for i in range(0, len(seeds), B)]
     t_all = time.perf_counter()
     n = len(seeds)
     trajs: list[Trajectory | None] = [None] * n
@@ -418,19 +421,11 @@ def run_replicates(
             where = "" if out is None else f" -> {dirs[chunk[0]]}" + (f"…{dirs[chunk[-1]].name}" if len(chunk) > 1 else "")
             print(f"replicate{'s' if len(chunk) > 1 else ''} {', '.join(str(r + 1) for r in chunk)}/{n}: "
                   f"estimator.seed = {which}{where}" + (" (vmapped)" if len(chunk) > 1 else ""), flush=True)  # fmt: skip
-        if len(chunk) == 1:
-            r = chunk[0]
-            d = dirs[r]
-            try:
-                trajs[r] = integrate(cfgs[r], out=d, resume=again[r], overwrite=overwrite and not again[r],
-                                     verbose=verbose)  # fmt: skip
-            except FlowError as e:
-                trajs[r], errors[r] = e.trajectory, e
-        else:
-            got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
-                                         overwrite=overwrite, verbose=verbose)  # fmt: skip
-            for r, tr, e in zip(chunk, got, errs):
-                trajs[r], errors[r] = tr, e
+        # a chunk of one is gflow.integrate itself
+        got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
+                                     resume=[again[r] for r in chunk], overwrite=overwrite, verbose=verbose)  # fmt: skip
+        for r, tr, e in zip(chunk, got, errs):
+            trajs[r], errors[r] = tr, e
         wall = time.perf_counter() - t0
         for r in chunk:
             walls[r] = wall
