@@ -93,7 +93,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
+from ._io import atomic_write_npz, atomic_write_text
 from .bands import QUANTITIES, RowSpread, StageBands, _fmt_summary, _jsonable, bands, row_spread, summarize
 from .config import Config
 from .model import subset_label
@@ -297,9 +297,7 @@ class Replicates:
             for q, v in b.values.items():
                 arrays[f"{name}/{q}/values"] = v
                 arrays[f"{name}/{q}/end"] = b.end[q]
-        tmp = out / "bands.tmp.npz"
-        np.savez(tmp, **arrays)
-        tmp.replace(out / "bands.npz")
+        atomic_write_npz(out / "bands.npz", **arrays)
         _write(out / "replicates.md", self.to_markdown())
 
 
