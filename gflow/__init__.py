@@ -31,12 +31,12 @@ try:
 except importlib.metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
 
+from ._evaluate import evaluate as evaluate
 from .checks import Report as Report
 from .checks import check as check
 from .checks import check_run as check_run
 from .config import Config as Config
 from .config import load_config as load_config
-from .evaluate import evaluate as evaluate
 from .flow import FlowError as FlowError
 from .flow import integrate as integrate
 from .ladder import loss_ladder as loss_ladder

@@ -1,5 +1,6 @@
 """Small shared plumbing: the stage codes of a trajectory, JSON-safe values and
-atomic file writes (one home for each, used by checks, theory and plot)."""
+atomic file writes (one home for each, used by the trajectory snapshot, checks,
+theory, plot, replicates and phase)."""
 
 from __future__ import annotations
 
@@ -46,13 +47,38 @@ def jsonable(x, *, inf_as_str: bool = True):
     return x
 
 
+def _temporary(path: Path) -> Path:
+    """Where `path` is written before its rename: hidden, in the same folder, with the writer's
+    pid (no two processes share one) and the same suffix (``.run.<pid>.tmp.json``)."""
+    return path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and
     ``os.replace``: a reader never sees a half-written file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary(path)
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def atomic_write_npz(path: str | Path, **arrays) -> None:
+    """``np.savez`` of `arrays` to `path` (a name ending in ``.npz``) through a temporary
+    file in the same folder and ``os.replace``, as :func:`atomic_write_text`."""
+    path = Path(path)
+    tmp = _temporary(path)
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def remove_temporaries(folder: str | Path, *names: str) -> None:
+    """Remove the temporary files of `names` in `folder` that a writer killed mid-write left
+    (call it only when no writer can be alive, e.g. holding the folder's lock)."""
+    folder = Path(folder)
+    for name in names:
+        p = folder / name
+        for stale in folder.glob(f".{p.stem}.*.tmp{p.suffix}"):
+            stale.unlink(missing_ok=True)
 
 
 def atomic_write_json(path: str | Path, obj, *, indent: int = 1) -> None:

@@ -10,7 +10,7 @@
 - ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
 - ``gflow eval DIR --param data.L=25,50,100 [--param …]``: the run's final
   parameters on other data configurations, with the loss ladder of each
-  (:mod:`gflow.evaluate`); writes ``eval.csv``, ``eval.json``, ``eval.png``.
+  (:func:`gflow.evaluate`); writes ``eval.csv``, ``eval.json``, ``eval.png``.
 - ``gflow run [CONFIG] --out DIR --replicates R``: R independent Monte Carlo
   replicates (``estimator.seed = seed + r``) into ``DIR/rep000``, …, with
   their trajectory bands and the spread of the check rows
@@ -316,7 +316,7 @@ def _eval_parser(sub) -> None:
 
 
 def _cmd_eval(args) -> int:
-    from .evaluate import evaluate
+    from ._evaluate import evaluate
 
     res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
                    verbose=not args.quiet)  # fmt: skip

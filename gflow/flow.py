@@ -221,19 +221,9 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
                 stage_index=_stage_index(plan[0][0]))  # fmt: skip
 
     for name, duration in plan:
-        rec = next((r for r in traj.stages if r.name == name), None)
-        if rec is not None and rec.complete:
-            new_end = rec.t0 + duration
-            last = traj.stages[-1] is rec
-            if rec.ended_by in ("event", "steady") or new_end <= rec.t1 * (1 + 1e-12) or not last:
-                continue  # nothing to extend
-            rec.complete = False
+        rec = _stage_record(traj, name, duration, t)
         if rec is None:
-            rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=t, t1=t)
-            if name == "II":
-                sel = traj.c_frac[-1].argmax()
-                rec.selected = list(traj.subsets[sel])
-            traj.stages.append(rec)
+            continue
         try:
             y, t = _run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
         except FlowError as e:
@@ -246,6 +236,30 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
     if out is not None:
         save(traj, out)
     return traj
+
+
+def _selected(traj: Trajectory) -> list[int]:
+    """The set selected by Stage I: the largest ``c_S/Σc`` at its end."""
+    return list(traj.subsets[traj.c_frac[-1].argmax()])
+
+
+def _stage_record(traj: Trajectory, name: str, duration: float, t: float, select=_selected) -> StageRecord | None:
+    """The record of stage `name` to run next (of the given `duration`), or ``None`` when there is
+    nothing to run: a new one starting at `t` (Stage II with the set ``select(traj)``), a resumed
+    one, or the last one completed at its duration, reopened to extend it to a longer one."""
+    rec = next((r for r in traj.stages if r.name == name), None)
+    if rec is not None and rec.complete:
+        new_end = rec.t0 + duration
+        last = traj.stages[-1] is rec
+        if rec.ended_by in ("event", "steady") or new_end <= rec.t1 * (1 + 1e-12) or not last:
+            return None  # nothing to extend
+        rec.complete = False
+    if rec is None:
+        rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=t, t1=t)
+        if name == "II":
+            rec.selected = select(traj)
+        traj.stages.append(rec)
+    return rec
 
 
 def _check_params(p: Params, cfg: Config) -> None:
@@ -528,6 +542,24 @@ class _StageRun:
             self.end("duration")
         self._save()
 
+    def carry0(self, dtype):
+        """The controller carry of the stage's first solve here: the saved one when the run was
+        interrupted at this very point (a resumed run continues with these very steps), else fresh."""
+        carry = _fresh_carry(dtype)
+        saved = self.traj.controller
+        here = saved is not None and saved.get("stage") == self.name and saved.get("t") == self.t
+        if here and not self.cfg.solver.is_gd:
+            leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
+            carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
+        return carry
+
+    def keep_carry(self, rows, carry) -> None:
+        """Record the controller carry after a solve (`rows`: what :meth:`take` returned), saved
+        with the next snapshot (:meth:`settle` saves)."""
+        t_now = float(rows[0][-1]) if rows is not None else self.t
+        self.traj.controller = {"stage": self.name, "t": t_now,
+                                "state": [np.asarray(x).item() for x in jax.tree.leaves(carry)]}  # fmt: skip
+
 
 def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
                wall0, t_wall):  # fmt: skip
@@ -554,12 +586,7 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
         tag = None if run.in_program else jnp.asarray(run.tag)
         vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
         sc = cfg.solver
-        carry = _fresh_carry(dtype)
-        saved = traj.controller
-        if saved is not None and saved.get("stage") == run.name and saved.get("t") == run.t and not sc.is_gd:
-            # resumed mid-stage: continue with the controller state the interrupted run had here
-            leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
-            carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
+        carry = run.carry0(dtype)
         steady_args = run.steady_args()
         while run.running:
             y0, t0, t1, seg = run.solve_args()
@@ -572,9 +599,6 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:
                 _append(traj, loss, *rows, stage_index=run.index)
-            # saved with the snapshot (settle saves): a resumed run continues with these very steps
-            t_now = float(rows[0][-1]) if rows is not None else run.t
-            traj.controller = {"stage": run.name, "t": t_now, "state": [np.asarray(x).item() for x in
-                               jax.tree.leaves(carry)]}  # fmt: skip
+            run.keep_carry(rows, carry)
             run.settle(outcome)
 

@@ -53,8 +53,11 @@ takes 15.7 MB a sample, so R = 10 is one batch; at N = 10⁶ (1.6 GB a
 sample) the replicates run one at a time. ``batch=1`` is the sequential
 path: :func:`gflow.integrate` of each replicate in turn, every jitted
 function compiled once and reused. A chunk of one replicate runs that way
-too, and so does every replicate that ``resume`` continues from its folder
-(a batch always starts from t = 0). The compiled solves depend on the batch
+too. A replicate that ``resume`` continues from its folder runs in its chunk
+like the others, from its own saved state, time and step-size controller
+(:func:`gflow.vmapped.integrate_batch` with ``resume``; it idles through the
+stages it has completed): it is what :func:`gflow.integrate` resuming it
+gives, to rounding. The compiled solves depend on the batch
 size: each distinct batch size compiles once (as long as a single run's).
 
 *Speed.* On a CPU the gain is modest at best: one evaluation of the vector
@@ -90,7 +93,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
+from ._io import atomic_write_npz, atomic_write_text
 from .bands import QUANTITIES, RowSpread, StageBands, _fmt_summary, _jsonable, bands, row_spread, summarize
 from .config import Config
 from .model import subset_label
@@ -294,9 +297,7 @@ class Replicates:
             for q, v in b.values.items():
                 arrays[f"{name}/{q}/values"] = v
                 arrays[f"{name}/{q}/end"] = b.end[q]
-        tmp = out / "bands.tmp.npz"
-        np.savez(tmp, **arrays)
-        tmp.replace(out / "bands.npz")
+        atomic_write_npz(out / "bands.npz", **arrays)
         _write(out / "replicates.md", self.to_markdown())
 
 
@@ -359,9 +360,11 @@ def run_replicates(
       chunk of one).
     - `overwrite`: replace runs already in the replicate folders.
     - `resume`: replicate folders that already hold a run are resumed
-      (:func:`gflow.integrate` with ``resume=True``, one after another: a
-      complete run is reused as it is, an interrupted one continued) instead
-      of refused; the replicates without a run are integrated in batches.
+      instead of refused, in their chunks like the others
+      (:func:`gflow.vmapped.integrate_batch` with ``resume``: what
+      :func:`gflow.integrate` with ``resume=True`` gives; a complete run is
+      reused as it is, an interrupted one continued), and the replicates
+      without a run are integrated from the start.
     - `check`: run the check report (:mod:`gflow.checks`) on every replicate
       (with `out`, ``check_run`` writes ``report.json`` into each folder)
       and report the spread of its rows; `check_kwargs` go to it (e.g.
@@ -381,67 +384,20 @@ def run_replicates(
     (before any replicate runs) an existing replicate folder without
     `resume` or `overwrite`.
     """
-    from .flow import FlowError, integrate
-    from .vmapped import _integrate_batch
-
     seeds = replicate_seeds(config, R, base_seed)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1):
         raise ValueError(f"batch must be an integer >= 1 (or None: by memory), got {batch!r}")
     B = default_batch(config, len(seeds)) if batch is None else min(int(batch), len(seeds))
     cfgs = [config.replace(estimator={"seed": s}) for s in seeds]
     out = None if out is None else Path(out)
-    dirs = [None if out is None else out / _RUN_DIR.format(r) for r in range(len(seeds))]
-    if out is not None and not resume and not overwrite:
-        taken = [str(d) for d in dirs if (d / "run.json").exists()]
-        if taken:
-            raise ValueError(
-                f"replicate folders already hold runs ({', '.join(taken[:3])}{', …' if len(taken) > 3 else ''}): "
-                "resume them (resume=True, `gflow run --replicates R --resume`) or choose another --out"
-            )
-    # replicates resumed from their folders run one by one; the others in chunks of B
-    again = [d is not None and resume and (d / "run.json").exists() for d in dirs]
-    fresh = [r for r in range(len(seeds)) if not again[r]]
-    batches = [[r] for r in range(len(seeds)) if again[r]] + [fresh[i : i + B] for i in range(0, len(fresh), B)]
+    dirs, again = _folders(out, len(seeds), resume=resume, overwrite=overwrite)
+    # in chunks of B, in order; a replicate whose folder holds a run is resumed in its chunk
+    batches = [list(range(i, min(i + B, len(seeds)))) for i in range(0, len(seeds), B)]
     t_all = time.perf_counter()
-    n = len(seeds)
-    trajs: list[Trajectory | None] = [None] * n
-    walls, reports = [0.0] * n, [None] * n
-    errors: list[Exception | None] = [None] * n
-    notes = []
     checker = _checker() if check else None
-    if check and checker is None:
-        notes.append("gflow.checks is not available: no check reports")
-    for chunk in batches:
-        t0 = time.perf_counter()
-        if verbose:
-            which = ", ".join(str(seeds[r]) for r in chunk)
-            where = "" if out is None else f" -> {dirs[chunk[0]]}" + (f"…{dirs[chunk[-1]].name}" if len(chunk) > 1 else "")
-            print(f"replicate{'s' if len(chunk) > 1 else ''} {', '.join(str(r + 1) for r in chunk)}/{n}: "
-                  f"estimator.seed = {which}{where}" + (" (vmapped)" if len(chunk) > 1 else ""), flush=True)  # fmt: skip
-        if len(chunk) == 1:
-            r = chunk[0]
-            d = dirs[r]
-            try:
-                trajs[r] = integrate(cfgs[r], out=d, resume=again[r], overwrite=overwrite and not again[r],
-                                     verbose=verbose)  # fmt: skip
-            except FlowError as e:
-                trajs[r], errors[r] = e.trajectory, e
-        else:
-            got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
-                                         overwrite=overwrite, verbose=verbose)  # fmt: skip
-            for r, tr, e in zip(chunk, got, errs):
-                trajs[r], errors[r] = tr, e
-        wall = time.perf_counter() - t0
-        for r in chunk:
-            walls[r] = wall
-            if errors[r] is not None:
-                notes.append(f"replicate {r} (seed {seeds[r]}) failed: {errors[r]}")
-                if verbose:
-                    print(f"  {notes[-1]}", flush=True)
-            if checker is not None and trajs[r].status == "complete":
-                reports[r] = checker(trajs[r], dirs[r], dict(check_kwargs or {}))
-        if verbose:
-            print(f"  done in {wall:.1f} s", flush=True)
+    notes = ["gflow.checks is not available: no check reports"] if check and checker is None else []
+    trajs, walls, reports = _run_chunks(batches, cfgs, dirs, again, notes, overwrite=overwrite, verbose=verbose,
+                                        checker=checker, check_kwargs=check_kwargs)  # fmt: skip
     res = Replicates(
         config=cfgs[0],
         seeds=seeds,
@@ -458,6 +414,58 @@ def run_replicates(
     if out is not None:
         res.save(out)
     return res
+
+
+def _run_chunks(batches, cfgs, dirs, again, notes: list[str], *, overwrite, verbose, checker, check_kwargs):
+    """Integrate the replicates chunk by chunk (:func:`gflow.vmapped.integrate_batch`; a chunk of one is
+    :func:`gflow.integrate` itself) and check each complete one; failures are added to `notes`.
+    Returns each replicate's trajectory, wall time (its chunk's) and check report (or ``None``)."""
+    from .vmapped import _integrate_batch
+
+    seeds = [c.estimator.seed for c in cfgs]
+    n = len(cfgs)
+    trajs: list[Trajectory | None] = [None] * n
+    walls, reports = [0.0] * n, [None] * n
+    for chunk in batches:
+        t0 = time.perf_counter()
+        if verbose:
+            _announce(chunk, seeds, dirs)
+        got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
+                                     resume=[again[r] for r in chunk], overwrite=overwrite, verbose=verbose)  # fmt: skip
+        wall = time.perf_counter() - t0
+        for r, tr, e in zip(chunk, got, errs):
+            trajs[r], walls[r] = tr, wall
+            if e is not None:
+                notes.append(f"replicate {r} (seed {seeds[r]}) failed: {e}")
+                if verbose:
+                    print(f"  {notes[-1]}", flush=True)
+            if checker is not None and tr.status == "complete":
+                reports[r] = checker(tr, dirs[r], dict(check_kwargs or {}))
+        if verbose:
+            print(f"  done in {wall:.1f} s", flush=True)
+    return trajs, walls, reports
+
+
+def _folders(out: Path | None, n: int, *, resume: bool, overwrite: bool) -> tuple[list[Path | None], list[bool]]:
+    """The replicates' run folders and whether each is resumed (`resume` and it holds a run);
+    ``ValueError`` when some already hold runs and neither `resume` nor `overwrite` is given."""
+    dirs = [None if out is None else out / _RUN_DIR.format(r) for r in range(n)]
+    if out is not None and not resume and not overwrite:
+        taken = [str(d) for d in dirs if (d / "run.json").exists()]
+        if taken:
+            raise ValueError(
+                f"replicate folders already hold runs ({', '.join(taken[:3])}{', …' if len(taken) > 3 else ''}): "
+                "resume them (resume=True, `gflow run --replicates R --resume`) or choose another --out"
+            )
+    return dirs, [d is not None and resume and (d / "run.json").exists() for d in dirs]
+
+
+def _announce(chunk: list[int], seeds: list[int], dirs: list[Path | None]) -> None:
+    """The verbose line of a chunk: which replicates, their seeds and folders."""
+    which = ", ".join(str(seeds[r]) for r in chunk)
+    where = "" if dirs[0] is None else f" -> {dirs[chunk[0]]}" + (f"…{dirs[chunk[-1]].name}" if len(chunk) > 1 else "")
+    print(f"replicate{'s' if len(chunk) > 1 else ''} {', '.join(str(r + 1) for r in chunk)}/{len(seeds)}: "
+          f"estimator.seed = {which}{where}" + (" (vmapped)" if len(chunk) > 1 else ""), flush=True)  # fmt: skip
 
 
 def _checker():

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ._io import atomic_write_npz, atomic_write_text, remove_temporaries
 from .config import Config, from_dict
 from .model import subset_label, subsets
 
@@ -206,12 +207,8 @@ def save(traj: Trajectory, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     traj.generation += 1
     text = json.dumps(_meta(traj), indent=2, default=_json_default)
-    tmp = out / f".trajectory.{os.getpid()}.tmp.npz"
-    np.savez(tmp, **{k: getattr(traj, k) for k in _ARRAYS}, meta=np.array(text))
-    os.replace(tmp, out / "trajectory.npz")
-    tmpj = out / f".run.{os.getpid()}.tmp.json"
-    tmpj.write_text(text)
-    os.replace(tmpj, out / "run.json")
+    atomic_write_npz(out / "trajectory.npz", **{k: getattr(traj, k) for k in _ARRAYS}, meta=np.array(text))
+    atomic_write_text(out / "run.json", text)
     return out
 
 
@@ -358,8 +355,7 @@ def lock(out: str | Path):
     f.truncate()
     f.write(str(os.getpid()))
     f.flush()
-    for stale in [*out.glob(".trajectory.*.tmp.npz"), *out.glob(".run.*.tmp.json")]:
-        stale.unlink(missing_ok=True)  # left by a writer killed mid-save (no writer is alive now)
+    remove_temporaries(out, "trajectory.npz", "run.json")  # left by a writer killed mid-save (none is alive now)
     _HELD[key] = [f, 1]
     try:
         yield out

@@ -14,6 +14,11 @@ them as one batch:
   control, event detection and root find act per replicate (a batched
   ``while`` loop runs until the last replicate is done; the others are
   masked), so each replicate takes the steps it would take alone;
+- a resumed replicate (``resume``) starts from its own last saved state and
+  time with its saved step-size controller state, as ``gflow.integrate``
+  resumes it, and idles through the stages it has completed; each
+  replicate's controller state is saved with its snapshots, as a single
+  run's is;
 - each replicate keeps its own clock, grids, events and controller carry,
   exactly as ``gflow.flow._run_stage`` does for one run: replicate r's
   stage starts at its own ``t0_r`` and saves at ``t0_r + τ`` on the stage's
@@ -42,7 +47,7 @@ for every replicate of a batch, and larger than a single run's: under
 branches (e.g. the initial-step heuristic of a continued solve, two
 evaluations per solve) and the batched loop runs until its slowest
 replicate has finished. ``wall`` of a stage and of the run is the wall time
-of the batch.
+of the batch (added, for a resumed replicate, to its saved one).
 
 A batch holds its R samples in memory at once (plus, briefly, a second copy:
 while they are stacked, and while each stage's loss is built):
@@ -63,27 +68,30 @@ import numpy as np
 
 from .config import Config
 from .flow import (
-    _STAGES,
     FlowError,
     _append_rows,
     _check_params,
     _f64,
     _fresh_carry,
+    _params_from,
     _plan,
     _run_stage,
     _scales,
+    _selected,
     _solve_segment,
     _stage_index,
+    _stage_record,
     _stage_start,
     _StageRun,
     _stats_at,
     _VectorField,
+    check_resumable,
     integrate,
     versions,
 )
 from .loss import PopulationLoss, make_loss, resolve_layout
 from .model import Params, init_params
-from .trajectory import StageRecord, Trajectory, lock, save
+from .trajectory import StageRecord, Trajectory, load, lock, save
 
 __all__ = ["integrate_batch", "sample_bytes"]
 
@@ -110,6 +118,7 @@ def integrate_batch(
     configs: list[Config],
     *,
     outs: list[str | Path | None] | None = None,
+    resume: bool | list[bool] = False,
     overwrite: bool = False,
     verbose: bool = False,
     throw: bool = True,
@@ -122,7 +131,14 @@ def integrate_batch(
     - `outs`: one folder (or ``None``) per configuration: each trajectory is
       written there as :func:`gflow.integrate` writes it (after every solve,
       at the end of every stage, at the end).
-    - `overwrite`: allow writing over runs already saved in `outs`.
+    - `resume`: continue the runs saved in `outs` (one flag for all, or one
+      per configuration), each as :func:`gflow.integrate` with ``resume=True``
+      continues it: from its own last saved state and time, with its saved
+      step-size controller state, up to the (possibly later) end times of its
+      configuration (:func:`gflow.flow.check_resumable`). Resumed and new
+      runs may share a batch: a replicate idles through the stages it has
+      already completed.
+    - `overwrite`: allow writing over runs already saved in `outs` (those not resumed).
     - `verbose`: a line per batched solve.
     - `throw`: after the whole batch has run, raise the first failed
       replicate's :class:`~gflow.FlowError` (default, like
@@ -130,16 +146,18 @@ def integrate_batch(
       returned, a failed one with the status ``"failed: …"``.
 
     **Returns:** one :class:`~gflow.trajectory.Trajectory` per configuration,
-    equal to :func:`gflow.integrate` of it to rounding (statistics as in the
-    module docstring). A failed replicate's trajectory has the status
+    equal to :func:`gflow.integrate` of it (resuming it, if resumed) to
+    rounding (statistics as in the module docstring). A failed replicate's trajectory has the status
     ``"failed: …"`` that :func:`gflow.integrate` would have raised with; it
     is kept (and written to its folder) whatever `throw` is.
 
     **Raises:** ``ValueError`` for an empty list, configurations that differ
-    in more than the seed, `outs` of another length, or a folder that already
-    holds a run (without `overwrite`).
+    in more than the seed, `outs` or `resume` of another length, a folder that
+    already holds a run (without `overwrite` or `resume`), or a saved run that
+    cannot be resumed with its configuration; what :func:`gflow.trajectory.load`
+    raises for a resumed folder without a readable run.
     """
-    trajs, errors = _integrate_batch(configs, outs=outs, overwrite=overwrite, verbose=verbose)
+    trajs, errors = _integrate_batch(configs, outs=outs, resume=resume, overwrite=overwrite, verbose=verbose)
     first = next((e for e in errors if e is not None), None)
     if throw and first is not None:
         raise first
@@ -254,90 +272,110 @@ class _Runs:
         R = len(cfgs)
         self.y: list[dict] = [{}] * R  # numpy {"w", "C", "a"} of each replicate's last saved state
         self.t = [0.0] * R
+        self.wall0 = [0.0] * R  # a resumed run's wall time before this batch
         self.trajs: list[Trajectory] = []
         self.errors: list[FlowError | None] = [None] * R
         self.alive = list(range(R))
 
 
-def _integrate_batch(configs, *, outs=None, overwrite=False, verbose=False):
+def _integrate_batch(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
     """:func:`integrate_batch`, also returning each replicate's :class:`FlowError` (or ``None``)."""
     cfgs = list(configs)
     _check_batch(cfgs)
     R = len(cfgs)
     outs = [None] * R if outs is None else [None if o is None else Path(o) for o in outs]
-    if len(outs) != R:
-        raise ValueError(f"integrate_batch: {len(outs)} folders in `outs` for {R} configurations")
-    for o in outs:
-        if o is not None and (o / "run.json").exists() and not overwrite:
+    resume = [bool(resume)] * R if isinstance(resume, (bool, np.bool_)) else [bool(x) for x in resume]
+    for what, n in (("folders in `outs`", len(outs)), ("flags in `resume`", len(resume))):
+        if n != R:
+            raise ValueError(f"integrate_batch: {n} {what} for {R} configurations")
+    for o, again in zip(outs, resume):
+        if again and o is None:
+            raise ValueError("resume=True needs the run folder in `outs`")
+        if o is not None and not again and (o / "run.json").exists() and not overwrite:
             raise ValueError(f"{str(o)!r} already holds a run: pass overwrite=True or choose another folder")
     if R == 1:
         try:
-            return [integrate(cfgs[0], out=outs[0], overwrite=overwrite, verbose=verbose)], [None]
+            return [integrate(cfgs[0], out=outs[0], resume=resume[0], overwrite=overwrite, verbose=verbose)], [None]
         except FlowError as e:
             return [e.trajectory], [e]
     with contextlib.ExitStack() as held:  # every replicate's folder locked for the whole batch
         for o in outs:
             if o is not None:
                 held.enter_context(lock(o))
-        return _integrate_batch_locked(cfgs, outs, verbose)
+        return _integrate_batch_locked(cfgs, outs, resume, verbose)
 
 
-def _integrate_batch_locked(cfgs, outs, verbose):
-    R = len(cfgs)
+def _integrate_batch_locked(cfgs, outs, resume, verbose):
+    runs = _Runs(cfgs, outs, time.perf_counter(), verbose)
     cfg = cfgs[0]
-    dtype = cfg.estimator.jdtype
-    t_wall = time.perf_counter()
-    plan = _plan(cfg)
-    params0 = init_params(cfg.model, cfg.init, dtype=dtype)
-    _check_params(params0, cfg)
+    # what can be wrong with a resumed run is checked before sampling, as gflow.integrate does
+    saved = {}
+    for r, (c, o) in enumerate(zip(cfgs, outs)):
+        if resume[r]:
+            saved[r] = load(o)
+            check_resumable(saved[r], c)
+    params0 = None
+    if len(saved) < len(cfgs):
+        params0 = init_params(cfg.model, cfg.init, dtype=cfg.estimator.jdtype)
+        _check_params(params0, cfg)
     loss_b = _stack([make_loss(c.data, c.model, c.estimator) for c in cfgs])
-
-    runs = _Runs(cfgs, outs, t_wall, verbose)
-    H, M, nS = cfg.model.H, cfg.model.M, len(cfg.model.subsets)
-    y0 = {b: np.asarray(getattr(params0, b)) for b in _BLOCKS}
-    for c in cfgs:
-        tr = Trajectory.empty(c, H, M, nS)
-        tr.versions = versions()
-        runs.trajs.append(tr)
-    runs.y = [dict(y0) for _ in range(R)]
-    members = list(range(R))
-    first = {r: (np.zeros(1), {b: v[None] for b, v in y0.items()}) for r in members}
-    _append_batch(runs.trajs, loss_b, members, first, stage_index=_stage_index(plan[0][0]))
-
-    for name, duration in plan:
+    _begin(runs, saved, params0, loss_b)
+    for name, duration in _plan(cfg):
         if not runs.alive:
             break
         recs = {}
-        for r in runs.alive:
-            tr = runs.trajs[r]
-            rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=runs.t[r], t1=runs.t[r])
-            if name == "II":
-                rec.selected = _selected(tr)
-            tr.stages.append(rec)
-            recs[r] = rec
-        groups: dict[tuple, list[int]] = {}
-        for r in runs.alive:
-            groups.setdefault(tuple(recs[r].selected or ()), []).append(r)
-        for g, (heads, active) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
-            if len(active) == 1:
-                _run_one(runs, recs, loss_b, active[0], duration)
-            elif g == 0:
-                _run_stage_batch(runs, recs, loss_b, members, active, duration)
-            else:
-                _run_stage_batch(runs, recs, _take(loss_b, active), active, active, duration)
-
+        for r in runs.alive:  # a replicate that has completed this stage already (resumed) idles through it
+            rec = _stage_record(runs.trajs[r], name, duration, runs.t[r], select=_selected)
+            if rec is not None:
+                recs[r] = rec
+        _run_groups(runs, recs, loss_b, duration)
     for r in runs.alive:
         tr = runs.trajs[r]
         tr.status = "complete"
-        tr.wall = time.perf_counter() - t_wall
+        tr.wall = runs.wall0[r] + time.perf_counter() - runs.t_wall
         if outs[r] is not None:
             save(tr, outs[r])
     return runs.trajs, runs.errors
 
 
-def _selected(traj: Trajectory) -> list[int]:
-    """The set selected by Stage I (``gflow.integrate``'s rule): the largest ``c_S/Σc`` at its end."""
-    return list(traj.subsets[traj.c_frac[-1].argmax()])
+def _begin(runs: _Runs, saved: dict[int, Trajectory], params0: Params | None, loss_b) -> None:
+    """Each replicate's trajectory, state and time: a resumed one's (`saved`) as
+    :func:`gflow.integrate` resumes it, a new one's initial state as its first row
+    (the new ones' statistics computed for the batch at once)."""
+    cfg = runs.cfgs[0]
+    dtype = cfg.estimator.jdtype
+    first = {}
+    for r, c in enumerate(runs.cfgs):
+        if r in saved:
+            tr = saved[r]
+            tr.config, tr.status = c, "running"  # was "interrupted", "failed: …" or "complete"
+            y = _params_from(tr, -1, dtype)
+            runs.t[r], runs.wall0[r] = float(tr.ts[-1]), tr.wall
+        else:
+            tr = Trajectory.empty(c, cfg.model.H, cfg.model.M, len(cfg.model.subsets))
+            tr.versions = versions()
+            y = params0
+            first[r] = (np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in _BLOCKS})
+        runs.trajs.append(tr)
+        runs.y[r] = {b: np.asarray(getattr(y, b)) for b in _BLOCKS}
+    members = list(range(len(runs.cfgs)))
+    _append_batch(runs.trajs, loss_b, members, first, stage_index=_stage_index(_plan(cfg)[0][0]))
+
+
+def _run_groups(runs: _Runs, recs: dict[int, StageRecord], loss_b, duration: float) -> None:
+    """One stage of the replicates in `recs`, grouped by their selected set: the largest group
+    on the whole batch, the others as their own batches, a group of one by the single driver."""
+    members = list(range(len(runs.cfgs)))
+    groups: dict[tuple, list[int]] = {}
+    for r in recs:
+        groups.setdefault(tuple(recs[r].selected or ()), []).append(r)
+    for g, (heads, active) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):
+        if len(active) == 1:
+            _run_one(runs, recs, loss_b, active[0], duration)
+        elif g == 0:
+            _run_stage_batch(runs, recs, loss_b, members, active, duration)
+        else:
+            _run_stage_batch(runs, recs, _take(loss_b, active), active, active, duration)
 
 
 def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
@@ -347,7 +385,7 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
     y = Params(**{b: jnp.asarray(v, dtype) for b, v in runs.y[r].items()})
     try:
         y, t = _run_stage(runs.trajs[r], rec, _take(loss_b, r), cfg, y, runs.t[r], rec.t0 + duration, runs.outs[r],
-                          runs.verbose, 0.0, runs.t_wall)  # fmt: skip
+                          runs.verbose, runs.wall0[r], runs.t_wall)  # fmt: skip
     except FlowError as e:
         runs.errors[r] = e
         runs.alive.remove(r)
@@ -363,71 +401,18 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
     j-th solve of every replicate still running is one batched solve, the
     others given zero-length solves (``t0 = t1``)."""
     r0 = active[0]
-    name, cfg = recs[r0].name, runs.cfgs[r0]
-    sc, dtype, B = cfg.solver, cfg.estimator.jdtype, len(members)
+    dtype = runs.cfgs[r0].estimator.jdtype
     stage = {r: _StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
-                          runs.outs[r], wall0=0.0, t_wall=runs.t_wall, batched=True) for r in active}  # fmt: skip
-    moves, heads, event_stage = stage[r0].moves, stage[r0].heads, stage[r0].event_stage
-
+                          runs.outs[r], wall0=runs.wall0[r], t_wall=runs.t_wall, batched=True)
+             for r in active}  # fmt: skip
     y_b = Params(**{b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in _BLOCKS})
-    sl_b, finite0 = _stage_start_batch(loss_b, y_b, moves)
+    sl_b, finite0 = _stage_start_batch(loss_b, y_b, stage[r0].moves)
     # the jitted function returns a copy of the samples inside the stage loss: hold the stacked ones instead
     sl_b = eqx.tree_at(lambda sl: sl.loss, sl_b, loss_b)
     finite0 = np.asarray(finite0)
     going = [r for k, r in enumerate(members) if r in stage and stage[r].start(bool(finite0[k]))]
     if going:
-        scale = {b: jnp.broadcast_to(v, (B,)) for b, v in _scales(cfg, moves, dtype).items()}
-        # idle members count under tag -1, which no run holds
-        tags = jnp.asarray([stage[r].tag if r in stage else -1 for r in members])
-        sign_C = None
-        if stage[r0].log_c:  # the joint selector in log coordinates, each replicate's own signs
-            sign_C = jnp.asarray(np.stack([stage[r if r in stage else r0].sign_C for r in members]), dtype)
-        vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C)
-        settings = {
-            "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
-            "delta": cfg.schedule.delta, "event_stage": event_stage, "heads": heads, "progress": False,
-            "steady": stage[r0].steady,
-        }  # fmt: skip
-        t_stage0 = None
-        if stage[r0].steady:  # each replicate's stage start and event coordinates there (idle: any)
-            args = [stage[r if r in stage else r0].steady_args() for r in members]
-            t_stage0 = jax.tree.map(lambda *xs: jnp.stack(xs), *args)
-        carry = jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape), _fresh_carry(dtype))
-        while going:
-            t0 = np.array([runs.t[r] for r in members])
-            t1, ts = t0.copy(), np.repeat(t0[:, None], sc.save_per_decade, axis=1)
-            y0 = {b: np.stack([runs.y[r][b] for r in members]) for b in moves}
-            for k, r in enumerate(members):
-                if r in going:
-                    y0k, t0[k], t1[k], ts[k] = stage[r].solve_args()
-                    for b in moves:
-                        y0[b][k] = y0k[b]
-            ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
-                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(ts),
-                _f64(sc.eta), carry, t_stage0, **settings,
-            )  # fmt: skip
-            # a replicate's carry moves on only with its own solves
-            carry = _where(np.array([r in going for r in members]), new_carry, carry)
-            ts_b, ys_b, result_b, stats_b = jax.device_get((ts_b, ys_b, result_b, stats_b))
-            rows, outcome = {}, {}
-            for k, r in enumerate(members):
-                if r in going:
-                    # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
-                    res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
-                    st = {key: np.asarray(v)[k] if np.ndim(v) else v for key, v in stats_b.items()}  # max_steps: shared
-                    row, outcome[r] = stage[r].take(ts_b[k], {b: ys_b[b][k] for b in moves}, res, st)
-                    if row is not None:
-                        rows[r] = row
-            _append_batch(runs.trajs, loss_b, members, rows, stage_index=stage[r0].index)
-            for r in outcome:
-                stage[r].settle(outcome[r])
-                runs.y[r], runs.t[r] = stage[r].y_np, stage[r].t
-            going = [r for r in going if stage[r].running]
-            if runs.verbose:
-                now = [runs.t[r] for r in active if stage[r].error is None]
-                print(f"  stage {name} (batch of {B}): {len(going)} of {len(active)} still running, "
-                      f"t = {min(now, default=np.nan):.4g}…{max(now, default=np.nan):.4g}, "
-                      f"{time.perf_counter() - stage[r0].t_stage:.1f} s", flush=True)  # fmt: skip
+        _solves_batch(runs, stage, sl_b, loss_b, members, going)
     for r in active:
         run = stage[r]
         if run.error is not None:
@@ -439,3 +424,66 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
             run._clock()
             run._save()
         run.close()
+
+
+def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], going: list[int]) -> None:
+    """The batched solves of a stage, until no replicate of `going` runs any more (each one's
+    :class:`~gflow.flow._StageRun` in `stage`; an idle member borrows the first run's arguments)."""
+    run0 = next(iter(stage.values()))
+    of = [stage.get(r, run0) for r in members]
+    name, cfg = run0.name, run0.cfg
+    sc, dtype, B = cfg.solver, cfg.estimator.jdtype, len(members)
+    scale = {b: jnp.broadcast_to(v, (B,)) for b, v in _scales(cfg, run0.moves, dtype).items()}
+    # idle members count under tag -1, which no run holds
+    tags = jnp.asarray([stage[r].tag if r in stage else -1 for r in members])
+    sign_C = None
+    if run0.log_c:  # the joint selector in log coordinates, each replicate's own signs
+        sign_C = jnp.asarray(np.stack([run.sign_C for run in of]), dtype)
+    vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C)
+    settings = {
+        "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
+        "delta": cfg.schedule.delta, "event_stage": run0.event_stage, "heads": run0.heads, "progress": False,
+        "steady": run0.steady,
+    }  # fmt: skip
+    t_stage0 = None
+    if run0.steady:  # each replicate's stage start and event coordinates there (idle: any)
+        t_stage0 = jax.tree.map(lambda *xs: jnp.stack(xs), *[run.steady_args() for run in of])
+    # each replicate's controller carry: a resumed one continues with its saved one (as gflow.integrate)
+    carry = jax.tree.map(lambda *xs: jnp.stack(xs),
+                         *[stage[r].carry0(dtype) if r in going else _fresh_carry(dtype) for r in members])  # fmt: skip
+    while going:
+        t0 = np.array([runs.t[r] for r in members])
+        t1, ts = t0.copy(), np.repeat(t0[:, None], sc.save_per_decade, axis=1)
+        y0 = {b: np.stack([runs.y[r][b] for r in members]) for b in run0.moves}
+        for k, r in enumerate(members):
+            if r in going:
+                y0k, t0[k], t1[k], ts[k] = stage[r].solve_args()
+                for b in run0.moves:
+                    y0[b][k] = y0k[b]
+        ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
+            vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(ts),
+            _f64(sc.eta), carry, t_stage0, **settings,
+        )  # fmt: skip
+        # a replicate's carry moves on only with its own solves
+        carry = _where(np.array([r in going for r in members]), new_carry, carry)
+        ts_b, ys_b, result_b, stats_b, carry_np = jax.device_get((ts_b, ys_b, result_b, stats_b, carry))
+        rows, outcome = {}, {}
+        for k, r in enumerate(members):
+            if r in going:
+                # a 0-d array, not a numpy scalar: diffrax.RESULTS[...] reads the message of arrays only
+                res = jax.tree.map(lambda x, k=k: np.asarray(np.asarray(x)[k]), result_b)
+                st = {key: np.asarray(v)[k] if np.ndim(v) else v for key, v in stats_b.items()}  # max_steps: shared
+                row, outcome[r] = stage[r].take(ts_b[k], {b: ys_b[b][k] for b in run0.moves}, res, st)
+                if row is not None:
+                    rows[r] = row
+                stage[r].keep_carry(row, jax.tree.map(lambda x, k=k: x[k], carry_np))
+        _append_batch(runs.trajs, loss_b, members, rows, stage_index=run0.index)
+        for r in outcome:
+            stage[r].settle(outcome[r])
+            runs.y[r], runs.t[r] = stage[r].y_np, stage[r].t
+        going = [r for r in going if stage[r].running]
+        if runs.verbose:
+            now = [runs.t[r] for r in stage if stage[r].error is None]
+            print(f"  stage {name} (batch of {B}): {len(going)} of {len(stage)} still running, "
+                  f"t = {min(now, default=np.nan):.4g}…{max(now, default=np.nan):.4g}, "
+                  f"{time.perf_counter() - run0.t_stage:.1f} s", flush=True)  # fmt: skip

@@ -251,8 +251,6 @@ def _print_runs(name, T, info, runs, T_stage):
 
 
 def gd_study(args, part1: dict, traj_N) -> dict:
-    import numpy as np
-
     import gflow
 
     N, L, n_fit = args.N, args.L, args.n_fit
@@ -271,6 +269,48 @@ def gd_study(args, part1: dict, traj_N) -> dict:
 
     # -- fits at N_fit -------------------------------------------------------
     t_fit = time.perf_counter()
+    fits = _fits(stages, traj_N, base_fit, n_fit, ns, ns_w)
+    t_fit = time.perf_counter() - t_fit
+
+    # -- predicted evaluations, and confirmation at N ------------------------
+    print(f"\n-- 2b. Gradient evaluations GD needs (n = T·K/tol), confirmed at N = {N:,} "
+          f"where n ≤ {args.confirm_max:,} --")  # fmt: skip
+    print(f"   {load_str()}")
+    t_conf = time.perf_counter()
+    loss_N = gflow.make_loss(base_N.data, base_N.model, base_N.estimator)
+    confirm = {s["name"]: _confirm(args, s, fits[s["name"]], traj_N, base_N, loss_N, tols) for s in stages}
+    t_conf = time.perf_counter() - t_conf
+    if args.check_emulation:
+        _check_emulation(stages, traj_N, base_N, loss_N, flow_nfev, N)
+    rows, tot_gd, tot_flow, headline, all_confirmed = _confirm_table(args, stages, fits, confirm, flow_nfev)
+
+    # -- one fixed step for the whole run --------------------------------------
+    single = _single_step(stages, fits, confirm, rows, tot_flow, args.tol)
+
+    # -- every tolerance, both criteria ---------------------------------------
+    _tolerance_table(fits, tols, flow_nfev, tot_flow, N)
+    print(f"\n   part 2 wall: fits at N_fit {t_fit:.1f} s, confirmation at N {t_conf:.1f} s; {load_str()}")
+    return dict(
+        tol=args.tol,
+        n_fit=n_fit,
+        ns=list(ns),
+        fits={name: {k: v for k, v in f.items() if k != "pred"}
+              | {"pred": {f"{tol:g}": {c: list(v) for c, v in d.items()} for tol, d in f["pred"].items()}}
+              for name, f in fits.items()},  # fmt: skip
+        confirm=confirm,
+        rows=rows,
+        gd_total=tot_gd,
+        flow_total=tot_flow,
+        ratio=headline,
+        all_confirmed=all_confirmed,
+        single=single,
+    )
+
+
+def _fits(stages, traj_N, base_fit, n_fit, ns, ns_w) -> dict:
+    """2a: GD at the steps `ns` and the Tsit5 reference at N_fit, per stage, and the first-order fits."""
+    import gflow
+
     loss_fit = gflow.make_loss(base_fit.data, base_fit.model, base_fit.estimator)
     print(f"\n-- 2a. Error constants at N_fit = {n_fit:,} (GD at n = {', '.join(map(str, ns))} steps per stage) --")
     head = (f"   {'stage':<8}{'T':>10}{'n':>6}{'η':>11}{'nfev':>6}{'end err':>11}{'path err':>11}"
@@ -311,66 +351,73 @@ def gd_study(args, part1: dict, traj_N) -> dict:
               f"{fmt(f.get('K_path_full', f['K_path']), 11, '.3e')}{fmt(f.get('p_path_full', f['p_path']), 8, '.2f')}"
               + (f"   path on the first 1/{_WINDOW} of the stage: K {fmt(f['K_path'], 0, '.3e')}, "
                  f"p {fmt(f['p_path'], 0, '.2f')} (used for the path predictions)" if "window" in f else ""))  # fmt: skip
-    t_fit = time.perf_counter() - t_fit
+    return fits
 
-    # -- predicted evaluations, and confirmation at N ------------------------
-    print(f"\n-- 2b. Gradient evaluations GD needs (n = T·K/tol), confirmed at N = {N:,} "
-          f"where n ≤ {args.confirm_max:,} --")  # fmt: skip
-    print(f"   {load_str()}")
-    t_conf = time.perf_counter()
-    loss_N = gflow.make_loss(base_N.data, base_N.model, base_N.estimator)
-    confirm = {}
+
+def _confirm(args, s: dict, f: dict, traj_N, base_N, loss_N, tols) -> list | None:
+    """2b for one stage: the predicted steps for every tolerance (into ``f["pred"]``), and GD at N at
+    1.05× the prediction for `args.tol` (retried once if it misses); ``None`` when not run."""
+    import numpy as np
+
+    name, T = s["name"], s["t1"] - s["t0"]
+    n_pred, how = _n_needed(T, f["K_end"], f["p_end"], f["runs"], "end_err", args.tol)
+    f["pred"] = {}
+    for tol in tols:
+        f["pred"][tol] = dict(
+            end=_n_needed(T, f["K_end"], f["p_end"], f["runs"], "end_err", tol),
+            path=_n_needed(T, f["K_path"], f["p_path"], f.get("window", f)["runs"], "path_err", tol),
+        )
+    if n_pred is None or n_pred > args.confirm_max:
+        return None
+    p0 = _state_at(traj_N, s["t0"])
+    end_flow = getattr(_state_at(traj_N, s["t1"]), _MOVES[name])
+    end_flow = np.asarray(end_flow).reshape(-1)
+    tries = []
+    # aim 5% above the prediction: K differs by a few % between N_fit and N
+    n = n_pred if how == "≤" else math.ceil(1.05 * n_pred)
+    for _ in range(2):
+        progress("gd_study", f"GD at N = {args.N}: Stage {name}, n = {n}")
+        r = _gd(base_N, name, p0, T, n, loss_N, end_only=True)
+        if "traj" in r:
+            tr = r.pop("traj")
+            r["end_err"] = _rel(_block(tr, name)[-1], end_flow)
+        else:
+            r["end_err"] = None
+        tries.append(r)
+        if r["end_err"] is not None and r["end_err"] <= args.tol:
+            break
+        # missed: once more, with n scaled by the measured miss (first order) or doubled (plateau,
+        # divergence), within 4× the prediction and 4× --confirm-max
+        n = 2 * n if r["end_err"] is None or how == "≤" else math.ceil(n * 1.05 * r["end_err"] / args.tol)
+        if n > 4 * n_pred or n > 4 * args.confirm_max:
+            break
+    return tries
+
+
+def _check_emulation(stages, traj_N, base_N, loss_N, flow_nfev, N) -> None:
+    """``--check-emulation``: each emulated stage with Tsit5 at N against the staged run's stage end."""
+    import numpy as np
+
+    import gflow
+
+    print(f"   check: the single-stage emulation (joint schedule, frozen blocks) integrated with Tsit5 at "
+          f"N = {N:,} vs the staged run's stage end state:")  # fmt: skip
     for s in stages:
         name, T = s["name"], s["t1"] - s["t0"]
-        f = fits[name]
-        n_pred, how = _n_needed(T, f["K_end"], f["p_end"], f["runs"], "end_err", args.tol)
-        f["pred"] = {}
-        for tol in tols:
-            f["pred"][tol] = dict(
-                end=_n_needed(T, f["K_end"], f["p_end"], f["runs"], "end_err", tol),
-                path=_n_needed(T, f["K_path"], f["p_path"], f.get("window", f)["runs"], "path_err", tol),
-            )
-        if n_pred is None or n_pred > args.confirm_max:
-            confirm[name] = None
-            continue
-        p0 = _state_at(traj_N, s["t0"])
-        end_flow = getattr(_state_at(traj_N, s["t1"]), _MOVES[name])
-        end_flow = np.asarray(end_flow).reshape(-1)
-        tries = []
-        # aim 5% above the prediction: K differs by a few % between N_fit and N
-        n = n_pred if how == "≤" else math.ceil(1.05 * n_pred)
-        for _ in range(2):
-            progress("gd_study", f"GD at N = {N}: Stage {name}, n = {n}")
-            r = _gd(base_N, name, p0, T, n, loss_N, end_only=True)
-            if "traj" in r:
-                tr = r.pop("traj")
-                r["end_err"] = _rel(_block(tr, name)[-1], end_flow)
-            else:
-                r["end_err"] = None
-            tries.append(r)
-            if r["end_err"] is not None and r["end_err"] <= args.tol:
-                break
-            # missed: once more, with n scaled by the measured miss (first order) or doubled (plateau,
-            # divergence), within 4× the prediction and 4× --confirm-max
-            n = 2 * n if r["end_err"] is None or how == "≤" else math.ceil(n * 1.05 * r["end_err"] / args.tol)
-            if n > 4 * n_pred or n > 4 * args.confirm_max:
-                break
-        confirm[name] = tries
-    t_conf = time.perf_counter() - t_conf
-    if args.check_emulation:
-        print(f"   check: the single-stage emulation (joint schedule, frozen blocks) integrated with Tsit5 at "
-              f"N = {N:,} vs the staged run's stage end state:")  # fmt: skip
-        for s in stages:
-            name, T = s["name"], s["t1"] - s["t0"]
-            progress("gd_study", f"Tsit5 emulation at N = {N}: Stage {name}")
-            t0 = time.perf_counter()
-            em = gflow.integrate(_stage_cfg(base_N, name, T, save_per_decade=1, tau_min=T), loss=loss_N,
-                                 params0=_state_at(traj_N, s["t0"]))  # fmt: skip
-            end_flow = np.asarray(getattr(_state_at(traj_N, s["t1"]), _MOVES[name])).reshape(-1)
-            print(f"     Stage {name}: relative difference {_rel(_block(em, name)[-1], end_flow):.2e} "
-                  f"({em.stages[0].nfev} nfev in one solve vs {flow_nfev[name]} in the staged run, "
-                  f"{time.perf_counter() - t0:.1f} s)")  # fmt: skip
+        progress("gd_study", f"Tsit5 emulation at N = {N}: Stage {name}")
+        t0 = time.perf_counter()
+        em = gflow.integrate(_stage_cfg(base_N, name, T, save_per_decade=1, tau_min=T), loss=loss_N,
+                             params0=_state_at(traj_N, s["t0"]))  # fmt: skip
+        end_flow = np.asarray(getattr(_state_at(traj_N, s["t1"]), _MOVES[name])).reshape(-1)
+        print(f"     Stage {name}: relative difference {_rel(_block(em, name)[-1], end_flow):.2e} "
+              f"({em.stages[0].nfev} nfev in one solve vs {flow_nfev[name]} in the staged run, "
+              f"{time.perf_counter() - t0:.1f} s)")  # fmt: skip
 
+
+def _confirm_table(args, stages, fits, confirm, flow_nfev):
+    """2b's table and headline (per-stage best η); returns ``(rows, GD total, flow total, GD/flow,
+    whether every stage was confirmed by a GD run)``."""
+    N = args.N
     head = (f"   {'stage':<6}{'flow nfev':>10} | {'K_fit':>10}{'n pred':>9}{'GD n':>9}{'η':>11}{'end err':>11}"
             f"{'K at N':>10}{'wall s':>8} | {'GD/flow':>8}")  # fmt: skip
     print(head)
@@ -378,7 +425,7 @@ def gd_study(args, part1: dict, traj_N) -> dict:
     tot_gd, tot_flow, all_confirmed = 0, 0, True
     rows = {}
     for s in stages:
-        name, T = s["name"], s["t1"] - s["t0"]
+        name = s["name"]
         f = fits[name]
         n_pred, how = f["pred"][args.tol]["end"]
         tries = confirm[name]
@@ -415,17 +462,16 @@ def gd_study(args, part1: dict, traj_N) -> dict:
           f"({'all stages confirmed by a GD run' if all_confirmed else 'some stages predicted, not run'}); "
           f"≥ {TARGET_RATIO:.0f}× {verdict} by this most generous comparison (GD re-tuned at every stage "
           f"boundary is not fixed-step GD; see 2d for the fixed-step comparison).")  # fmt: skip
+    return rows, tot_gd, tot_flow, headline, all_confirmed
 
-    # -- one fixed step for the whole run --------------------------------------
-    single = _single_step(stages, fits, confirm, rows, tot_flow, args.tol)
 
-    # -- every tolerance, both criteria ---------------------------------------
+def _tolerance_table(fits, tols, flow_nfev, tot_flow, N) -> None:
+    """2c: the predicted GD evaluations for every tolerance and both criteria."""
     print("\n-- 2c. Predicted GD gradient evaluations (from the N_fit constants; '≤' = fixed point reached at every "
           "stable tested step) and GD/flow --")  # fmt: skip
     head = f"   {'criterion':<10}{'tol':>8} | " + "".join(f"{'Stage ' + n:>20}" for n in fits) + f" | {'all':>22}"
     print(head)
     print("   " + "-" * (len(head) - 3))
-    table = {}
     for crit in ("end", "path"):
         for tol in tols:
             cells, tot, complete = [], 0, True
@@ -437,29 +483,12 @@ def gd_study(args, part1: dict, traj_N) -> dict:
                     continue
                 tot += n
                 cells.append(f"{('≤' if how == '≤' else '') + f'{n:,}':>11} ({n / flow_nfev[name]:6.1f}×)")
-                table[(crit, tol, name)] = n
             allc = f"{tot:>11,} ({tot / tot_flow:7.1f}×)" if complete else f"{'incomplete':>22}"
             print(f"   {crit:<10}{tol:8.0e} | " + "".join(cells) + f" | {allc}")
     print(f"   flow (staged run at N = {N:,}, Tsit5 rtol 1e-8): "
           + ", ".join(f"Stage {n} {flow_nfev[n]}" for n in fits) + f", all {tot_flow} vector-field evaluations")
     print("   (path: max over the stage of ‖θ_GD(τ) − θ_flow(τ)‖ / max‖θ_flow‖; where p is far from 1 the "
           "first-order extrapolation is rough)")  # fmt: skip
-    print(f"\n   part 2 wall: fits at N_fit {t_fit:.1f} s, confirmation at N {t_conf:.1f} s; {load_str()}")
-    return dict(
-        tol=args.tol,
-        n_fit=n_fit,
-        ns=list(ns),
-        fits={name: {k: v for k, v in f.items() if k != "pred"}
-              | {"pred": {f"{tol:g}": {c: list(v) for c, v in d.items()} for tol, d in f["pred"].items()}}
-              for name, f in fits.items()},  # fmt: skip
-        confirm=confirm,
-        rows=rows,
-        gd_total=tot_gd,
-        flow_total=tot_flow,
-        ratio=headline,
-        all_confirmed=all_confirmed,
-        single=single,
-    )
 
 
 def _single_step(stages, fits, confirm, rows, tot_flow, tol) -> dict:

@@ -124,7 +124,7 @@ def loglog_slope(x, y) -> float:
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
-def main(argv=None) -> int:
+def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--N", type=int, default=2000, help="sequences in the sample (default 2000)")
     p.add_argument("--L", type=int, default=40, help="context length (default 40)")
@@ -137,8 +137,11 @@ def main(argv=None) -> int:
     p.add_argument("--etas", type=float, nargs="+", default=[0.2, 0.1, 0.05, 0.025, 0.0125],
                    help="GD step sizes (default 0.2 0.1 0.05 0.025 0.0125)")  # fmt: skip
     p.add_argument("--out", default=str(ROOT / "figures" / "gd_vs_gf.png"), help="figure path")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    args = _args(argv)
     t_start = time.perf_counter()
     etas = sorted(args.etas, reverse=True)
     T = args.T
@@ -155,7 +158,28 @@ def main(argv=None) -> int:
     print(f"gd_vs_gf: joint schedule (Λ = I), d={base.data.d}, L={args.L}, N={args.N}, "
           f"c0={args.c0:g}, a0={args.a0:g}, T={T:g}; η = {', '.join(f'{e:g}' for e in etas)}", flush=True)  # fmt: skip
 
-    # the reference flow: tight tolerances, dense saves (for the interpolant)
+    ref = _reference(base, loss, etas)
+    runs, worst = _gd_runs(base, loss, etas, T, ref)
+    e = np.array([r["eta"] for r in runs])
+    err_end = np.array([r["end"] for r in runs])
+    err_max = np.array([r["max"] for r in runs])
+    p_end, p_max = loglog_slope(e, err_end), loglog_slope(e, err_max)
+    print(f"\n{'η':>8} {'steps':>6} {'wall s':>7} {'‖Δθ(T)‖':>10} {'‖Δθ(T)‖/η':>10} {'max_t ‖Δθ‖':>11} "
+          f"{'rel. to ‖θ(T)−θ(0)‖':>20} {'loss(T) GD − flow':>18}")  # fmt: skip
+    for r in runs:
+        print(f"{r['eta']:>8g} {r['steps']:>6d} {r['wall']:>7.1f} {r['end']:>10.3e} {r['end'] / r['eta']:>10.4f} "
+              f"{r['max']:>11.3e} {r['end'] / ref['disp'][-1]:>20.2e} {r['loss'] - ref['flow'].loss[-1]:>18.2e}")  # fmt: skip
+    print(f"interpolation error bound / distance: at most {worst:.2g} over every GD point")
+    print(f"order in η (least-squares log-log slope): at t = T: {p_end:.3f}; max over t ≤ T: {p_max:.3f} "
+          f"(Euler: 1)")  # fmt: skip
+    out = _figure(args, base, ref, runs, (e, err_end, err_max, p_end, p_max))
+    print(f"\nfigure: {out}\ntime: flow {ref['t_flow']:.1f} s, total {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+def _reference(base, loss, etas) -> dict:
+    """The reference flow (tight tolerances, dense saves for the interpolant), the interpolant's error
+    bound and the stiffness along the path, printed; returns the flow and what the comparisons need."""
     t0 = time.perf_counter()
     ref_cfg = base.replace(solver={"rtol": 1e-10, "atol": 1e-12, "save_per_decade": 48, "tau_min": min(etas)})
     flow = gflow.integrate(ref_cfg, loss=loss)
@@ -180,8 +204,13 @@ def main(argv=None) -> int:
           f"largest {lams[k]:.3g} at t = {tf[picks[k]]:.3g}: GD linearly stable for η < 2/λ_max = "
           f"{2 / lams.max():.3g}")  # fmt: skip
     disp = np.linalg.norm(yf - yf[0], axis=1)
+    return {"flow": flow, "t_flow": t_flow, "tf": tf, "yf": yf, "dyf": dyf, "odd": odd, "interp_err": interp_err, "disp": disp}
 
-    # gradient descent at each η, on the same sample
+
+def _gd_runs(base, loss, etas, T, ref) -> tuple[list[dict], float]:
+    """Gradient descent at each η on the same sample, and its distance to the flow; also the largest
+    (interpolation error bound)/(distance) over every GD point."""
+    tf, yf, dyf = ref["tf"], ref["yf"], ref["dyf"]
     runs = []
     worst = 0.0  # largest (interpolation error bound)/(distance) over every GD point
     for eta in etas:
@@ -195,25 +224,56 @@ def main(argv=None) -> int:
         if not np.isclose(tg[-1], T, rtol=1e-12) or not np.isclose(tf[-1], T, rtol=1e-12):
             raise SystemExit(f"GD (η = {eta}) or the flow did not end at T = {T}: {tg[-1]}, {tf[-1]}")
         end = float(np.linalg.norm(yg[-1] - yf[-1]))  # both exactly at T: no interpolation
-        bound = np.exp(np.interp(np.log(tg[m]), np.log(tf[odd]), np.log(interp_err)))
+        bound = np.exp(np.interp(np.log(tg[m]), np.log(tf[ref["odd"]]), np.log(ref["interp_err"])))
         worst = max(worst, float(np.max(bound / dist)))
         runs.append({"eta": eta, "t": tg[m], "dist": dist, "end": end, "max": float(dist.max()),
                      "steps": g.stages[0].steps, "wall": wall, "loss": float(g.loss[-1])})  # fmt: skip
+    return runs, worst
 
-    e = np.array([r["eta"] for r in runs])
-    err_end = np.array([r["end"] for r in runs])
-    err_max = np.array([r["max"] for r in runs])
-    p_end, p_max = loglog_slope(e, err_end), loglog_slope(e, err_max)
-    print(f"\n{'η':>8} {'steps':>6} {'wall s':>7} {'‖Δθ(T)‖':>10} {'‖Δθ(T)‖/η':>10} {'max_t ‖Δθ‖':>11} "
-          f"{'rel. to ‖θ(T)−θ(0)‖':>20} {'loss(T) GD − flow':>18}")  # fmt: skip
-    for r in runs:
-        print(f"{r['eta']:>8g} {r['steps']:>6d} {r['wall']:>7.1f} {r['end']:>10.3e} {r['end'] / r['eta']:>10.4f} "
-              f"{r['max']:>11.3e} {r['end'] / disp[-1]:>20.2e} {r['loss'] - flow.loss[-1]:>18.2e}")  # fmt: skip
-    print(f"interpolation error bound / distance: at most {worst:.2g} over every GD point")
-    print(f"order in η (least-squares log-log slope): at t = T: {p_end:.3f}; max over t ≤ T: {p_max:.3f} "
-          f"(Euler: 1)")  # fmt: skip
 
-    # the figure
+def _panel_distance(ax1, ref, runs, cols) -> None:
+    """GD's distance to the flow against t, next to the flow's own motion."""
+    tf, disp = ref["tf"], ref["disp"]
+    m = tf > 0
+    ax1.plot(tf[m], disp[m], color="0.45", ls="--", lw=1.6,
+             label=r"flow's own motion $\|\theta_{\rm flow}(t)-\theta(0)\|$")  # fmt: skip
+    for r, c in zip(runs, cols):
+        ax1.plot(r["t"], r["dist"], "o-", ms=2.5, lw=1.4, color=c, label=rf"GD, $\eta$ = {r['eta']:g}")
+    ax1.set_xscale("log")
+    ax1.set_yscale("log")
+    ax1.set_xlabel(r"time $t = k\eta$")
+    ax1.set_ylabel(r"$\|\theta_{\rm GD}(t) - \theta_{\rm flow}(t)\|_2$")
+    ax1.set_title("distance between gradient descent and the flow", fontsize=11)
+    ax1.grid(alpha=0.3)
+    # room below the curves for the legend (the distances grow with t)
+    lo = min(float(r["dist"].min()) for r in runs)
+    ax1.set_ylim(lo / 1000, 3 * max(float(disp.max()), max(r["max"] for r in runs)))
+    ax1.legend(fontsize=9, loc="lower right")
+
+
+def _panel_order(ax2, order) -> None:
+    """The distance at T and its maximum against η, with their log-log fits."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    e, err_end, err_max, p_end, p_max = order
+    ax2.loglog(e, err_end, "o", ms=7, color="tab:blue", label=r"at $t = T$")
+    ax2.loglog(e, err_max, "s", ms=6, mfc="none", color="tab:orange", label=r"max over $t \leq T$")
+    ee = np.geomspace(e.min() / 1.3, e.max() * 1.3, 50)
+    for err, pslope, c in ((err_end, p_end, "tab:blue"), (err_max, p_max, "tab:orange")):
+        k, b = np.polyfit(np.log(e), np.log(err), 1)
+        ax2.loglog(ee, np.exp(b) * ee**k, "-", color=c, lw=1.2, label=f"fit: slope {pslope:.3f}")
+    ax2.xaxis.set_major_locator(FixedLocator(e))
+    ax2.xaxis.set_minor_locator(NullLocator())
+    ax2.xaxis.set_minor_formatter(NullFormatter())
+    ax2.set_xticklabels([f"{x:g}" for x in e])
+    ax2.set_xlabel(r"step size $\eta$")
+    ax2.set_ylabel(r"$\|\theta_{\rm GD} - \theta_{\rm flow}\|_2$")
+    ax2.set_title(r"order in $\eta$ (Euler: slope 1)", fontsize=11)
+    ax2.grid(alpha=0.3, which="both")
+    ax2.legend(fontsize=9, loc="upper left")
+
+
+def _figure(args, base, ref, runs, order) -> Path:
     import matplotlib as mpl
     from matplotlib.figure import Figure
 
@@ -222,49 +282,18 @@ def main(argv=None) -> int:
         ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
         cmap = mpl.colormaps["viridis"]
         cols = [cmap(0.85 * k / max(len(runs) - 1, 1)) for k in range(len(runs))]
-        m = tf > 0
-        ax1.plot(tf[m], disp[m], color="0.45", ls="--", lw=1.6,
-                 label=r"flow's own motion $\|\theta_{\rm flow}(t)-\theta(0)\|$")  # fmt: skip
-        for r, c in zip(runs, cols):
-            ax1.plot(r["t"], r["dist"], "o-", ms=2.5, lw=1.4, color=c, label=rf"GD, $\eta$ = {r['eta']:g}")
-        ax1.set_xscale("log")
-        ax1.set_yscale("log")
-        ax1.set_xlabel(r"time $t = k\eta$")
-        ax1.set_ylabel(r"$\|\theta_{\rm GD}(t) - \theta_{\rm flow}(t)\|_2$")
-        ax1.set_title("distance between gradient descent and the flow", fontsize=11)
-        ax1.grid(alpha=0.3)
-        # room below the curves for the legend (the distances grow with t)
-        lo = min(float(r["dist"].min()) for r in runs)
-        ax1.set_ylim(lo / 1000, 3 * max(float(disp.max()), max(r["max"] for r in runs)))
-        ax1.legend(fontsize=9, loc="lower right")
-
-        ax2.loglog(e, err_end, "o", ms=7, color="tab:blue", label=r"at $t = T$")
-        ax2.loglog(e, err_max, "s", ms=6, mfc="none", color="tab:orange", label=r"max over $t \leq T$")
-        ee = np.geomspace(e.min() / 1.3, e.max() * 1.3, 50)
-        for err, pslope, c in ((err_end, p_end, "tab:blue"), (err_max, p_max, "tab:orange")):
-            k, b = np.polyfit(np.log(e), np.log(err), 1)
-            ax2.loglog(ee, np.exp(b) * ee**k, "-", color=c, lw=1.2, label=f"fit: slope {pslope:.3f}")
-        from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
-
-        ax2.xaxis.set_major_locator(FixedLocator(e))
-        ax2.xaxis.set_minor_locator(NullLocator())
-        ax2.xaxis.set_minor_formatter(NullFormatter())
-        ax2.set_xticklabels([f"{x:g}" for x in e])
-        ax2.set_xlabel(r"step size $\eta$")
-        ax2.set_ylabel(r"$\|\theta_{\rm GD} - \theta_{\rm flow}\|_2$")
-        ax2.set_title(r"order in $\eta$ (Euler: slope 1)", fontsize=11)
-        ax2.grid(alpha=0.3, which="both")
-        ax2.legend(fontsize=9, loc="upper left")
+        _panel_distance(ax1, ref, runs, cols)
+        _panel_order(ax2, order)
         fig.suptitle(
             rf"GD vs gradient flow on one sample: joint schedule ($\Lambda = I$), d = {base.data.d}, "
-            rf"L = {args.L}, N = {args.N}, $c_0$ = {args.c0:g}, $a_0$ = {args.a0:g}, T = {T:g}",
+            rf"L = {args.L}, N = {args.N}, $c_0$ = {args.c0:g}, $a_0$ = {args.a0:g}, T = {args.T:g}",
             fontsize=12,
         )
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=120)
-    print(f"\nfigure: {out}\ntime: flow {t_flow:.1f} s, total {time.perf_counter() - t_start:.1f} s")
-    return 0
+    return out
+
 
 
 if __name__ == "__main__":

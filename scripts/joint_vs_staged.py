@@ -93,7 +93,7 @@ def _fmt_eta(v: float) -> str:
     return f"{v:g}"
 
 
-def main(argv=None) -> int:
+def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--N", type=int, default=2000, help="sequences in the sample (default 2000)")
     p.add_argument("--L", type=int, default=40, help="context length (default 40)")
@@ -109,8 +109,11 @@ def main(argv=None) -> int:
         "--reuse", action="store_true", help="load complete runs with the same configuration from --out"
     )
     p.add_argument("--fig", default=str(ROOT / "figures" / "joint_vs_staged.png"), help="figure path")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    args = _args(argv)
     t_start = time.perf_counter()
     base = gflow.Config().replace(data={"L": args.L}, estimator={"N": args.N, "seed": args.seed})
     loss = gflow.make_loss(base.data, base.model, base.estimator)
@@ -127,6 +130,16 @@ def main(argv=None) -> int:
     print(f"theory ({time.perf_counter() - t0:.1f} s): S* = argmax Ĩ = {subset_label(S_star)}; GIH on S*: "
           f"a* = {a_star:.4f} ± {s3['a_star_se']:.2g}, inf_a L_GIH = {lim:.5f} ± {lim_se:.2g}", flush=True)  # fmt: skip
 
+    runs = _runs(args, base, loss, out)
+    iS = list(runs[0]["traj"].subsets).index(S_star)
+    _print_numbers(runs, iS, S_star, a_star, lim)
+    figpath = _figure(args, base, runs, iS, S_star, a_star, lim)
+    print(f"\nfigure: {figpath}\ntime: total {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+def _runs(args, base, loss, out: Path) -> list[dict]:
+    """The staged run and each joint run (integrated, or loaded with ``--reuse``), with their colours."""
     runs = []
     tr, wall = _run(base, loss, out / "staged", args.reuse, "staged")
     runs.append({"name": "staged (paper)", "traj": tr, "wall": wall, "color": "black"})
@@ -142,9 +155,11 @@ def main(argv=None) -> int:
             cfg, loss, out / f"joint_{_fmt_eta(ew)}_{_fmt_eta(ec)}_{_fmt_eta(ea)}", args.reuse, name
         )
         runs.append({"name": name, "traj": tr, "wall": wall, "color": colors[k % len(colors)]})
+    return runs
 
-    # the numbers
-    iS = list(runs[0]["traj"].subsets).index(S_star)
+
+def _print_numbers(runs, iS, S_star, a_star, lim) -> None:
+    """The table: each run's selected set, copier, a and loss at its end, against the theory."""
     print(f"\n{'run':<44} {'argmax c/Σc':>12} {'c_S*/Σc':>9} {'runner-up':>15} "
           + " ".join(f"{'s^(' + str(h) + ')_' + str(h):>9}" for h in S_star)
           + f" {'a(end)':>8} {'loss(end)':>10} {'− inf L_GIH':>12} {'t: loss ≤ lim+1e-3':>19} {'t end':>8}")  # fmt: skip
@@ -174,9 +189,79 @@ def main(argv=None) -> int:
     same = all(tuple(r["top"]) == S_star for r in runs)
     print(f"same S* in every run: {'yes' if same else 'NO'}")
 
-    # the figure
+
+def _plot_runs(axes, runs, iS, S_star, lim) -> None:
+    """Every run's curves: the weight off S*, the copier off its offsets, a, and the loss above the limit."""
+    (ax1, ax2), (ax3, ax4) = axes
+    for r in runs:
+        tr, c = r["traj"], r["color"]
+        m = tr.ts > 0
+        t = tr.ts[m]
+        # Σ_{S≠S*} c_S/Σc, not 1 − c_S*/Σc: no cancellation when it is tiny
+        cf = tr.c_frac[m]
+        ax1.plot(t, np.delete(cf, iS, axis=1).sum(-1), color=c, lw=1.8)
+        for h, ls in zip(S_star, ("-", "--", ":")):
+            ax2.plot(t, 1 - tr.s[m, h - 1, h - 1], color=c, lw=1.6, ls=ls)
+        ax3.plot(t, tr.a[m], color=c, lw=1.8)
+        ax4.plot(t, tr.loss[m] - lim, color=c, lw=1.8)
+
+
+def _decorate_top(ax1, ax2, runs, iS, S_star) -> None:
+    """The selector and copier panels' scales, off-scale notes and titles."""
+    ax1.set_yscale("log")
+    ax1.set_ylim(1e-12, 2.0)
+    notes = []
+    for r in runs:
+        v = float(np.delete(r["traj"].c_frac[-1], iS).sum())
+        if v < 1e-12:
+            notes.append(
+                f"{r['name'].split(',')[0]} {r['name'].split('= ')[-1]}: down to {v:.0e} (off scale)"
+            )
+    if notes:
+        ax1.text(
+            0.98,
+            0.03,
+            "\n".join(notes),
+            transform=ax1.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=9,
+            bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.9},
+        )
+    ax1.set_ylabel(r"$1 - c_{S^*}/\Sigma c$")
+    ax1.set_title(rf"selector: weight off $S^*$ = {subset_label(S_star)}", fontsize=11)
+    ax2.set_yscale("log")
+    ax2.set_ylabel(r"$1 - s^{(h)}_h$")
+    hs = ", ".join(f"h = {h}: {ls}" for h, ls in zip(S_star, ("solid", "dashed", "dotted")))
+    ax2.set_title(rf"copier: attention off offset $h$, $h \in S^*$ ({hs})", fontsize=11)
+
+
+def _decorate_bottom(ax3, ax4, runs, a_star, lim) -> None:
+    """The classifier-scale and loss panels: the GIH's a* and limit loss."""
+    ax3.axhline(a_star, color="tab:red", ls="--", lw=1.2)
+    ax3.text(
+        0.03,
+        a_star + 0.1,
+        rf"GIH $a^*$ = {a_star:.3f}",
+        color="tab:red",
+        va="bottom",
+        fontsize=10,
+        transform=ax3.get_yaxis_transform(),
+    )
+    ax3.set_ylabel("$a$")
+    ax3.set_title("classifier scale $a$", fontsize=11)
+    ax4.set_yscale("symlog", linthresh=1e-5)
+    lo = min(float(np.min(r["traj"].loss - lim)) for r in runs)
+    ax4.set_ylim(min(-1e-4, 3 * lo), 1.0)
+    ax4.axhline(0.0, color="tab:red", ls="--", lw=1.2)
+    ax4.set_ylabel(r"$\hat L(t) - \inf_a L_{\rm GIH}$  (symlog)")
+    ax4.set_title(rf"loss above the GIH limit $\inf_a L_{{\rm GIH}}$ = {lim:.5f}", fontsize=11)
+
+
+def _figure(args, base, runs, iS, S_star, a_star, lim) -> Path:
     import matplotlib as mpl
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     stg = runs[0]["traj"]
     bounds = [s.t1 for s in stg.stages[:-1]]
@@ -184,61 +269,9 @@ def main(argv=None) -> int:
         fig = Figure(figsize=(12, 8.6), dpi=120, layout="constrained")
         axes = fig.subplots(2, 2, sharex=True)
         (ax1, ax2), (ax3, ax4) = axes
-        for r in runs:
-            tr, c = r["traj"], r["color"]
-            m = tr.ts > 0
-            t = tr.ts[m]
-            # Σ_{S≠S*} c_S/Σc, not 1 − c_S*/Σc: no cancellation when it is tiny
-            cf = tr.c_frac[m]
-            ax1.plot(t, np.delete(cf, iS, axis=1).sum(-1), color=c, lw=1.8)
-            for h, ls in zip(S_star, ("-", "--", ":")):
-                ax2.plot(t, 1 - tr.s[m, h - 1, h - 1], color=c, lw=1.6, ls=ls)
-            ax3.plot(t, tr.a[m], color=c, lw=1.8)
-            ax4.plot(t, tr.loss[m] - lim, color=c, lw=1.8)
-        ax1.set_yscale("log")
-        ax1.set_ylim(1e-12, 2.0)
-        notes = []
-        for r in runs:
-            v = float(np.delete(r["traj"].c_frac[-1], iS).sum())
-            if v < 1e-12:
-                notes.append(
-                    f"{r['name'].split(',')[0]} {r['name'].split('= ')[-1]}: down to {v:.0e} (off scale)"
-                )
-        if notes:
-            ax1.text(
-                0.98,
-                0.03,
-                "\n".join(notes),
-                transform=ax1.transAxes,
-                ha="right",
-                va="bottom",
-                fontsize=9,
-                bbox={"facecolor": "white", "edgecolor": "0.7", "alpha": 0.9},
-            )
-        ax1.set_ylabel(r"$1 - c_{S^*}/\Sigma c$")
-        ax1.set_title(rf"selector: weight off $S^*$ = {subset_label(S_star)}", fontsize=11)
-        ax2.set_yscale("log")
-        ax2.set_ylabel(r"$1 - s^{(h)}_h$")
-        hs = ", ".join(f"h = {h}: {ls}" for h, ls in zip(S_star, ("solid", "dashed", "dotted")))
-        ax2.set_title(rf"copier: attention off offset $h$, $h \in S^*$ ({hs})", fontsize=11)
-        ax3.axhline(a_star, color="tab:red", ls="--", lw=1.2)
-        ax3.text(
-            0.03,
-            a_star + 0.1,
-            rf"GIH $a^*$ = {a_star:.3f}",
-            color="tab:red",
-            va="bottom",
-            fontsize=10,
-            transform=ax3.get_yaxis_transform(),
-        )
-        ax3.set_ylabel("$a$")
-        ax3.set_title("classifier scale $a$", fontsize=11)
-        ax4.set_yscale("symlog", linthresh=1e-5)
-        lo = min(float(np.min(r["traj"].loss - lim)) for r in runs)
-        ax4.set_ylim(min(-1e-4, 3 * lo), 1.0)
-        ax4.axhline(0.0, color="tab:red", ls="--", lw=1.2)
-        ax4.set_ylabel(r"$\hat L(t) - \inf_a L_{\rm GIH}$  (symlog)")
-        ax4.set_title(rf"loss above the GIH limit $\inf_a L_{{\rm GIH}}$ = {lim:.5f}", fontsize=11)
+        _plot_runs(axes, runs, iS, S_star, lim)
+        _decorate_top(ax1, ax2, runs, iS, S_star)
+        _decorate_bottom(ax3, ax4, runs, a_star, lim)
         for ax in axes.ravel():
             ax.set_xscale("log")
             ax.set_xlim(0.1, None)
@@ -247,8 +280,6 @@ def main(argv=None) -> int:
                 ax.axvline(b, color="0.5", ls=":", lw=1.2)
         for ax in axes[1]:
             ax.set_xlabel("time $t$ (log scale)")
-        from matplotlib.lines import Line2D
-
         handles = [Line2D([], [], color=r["color"], lw=2) for r in runs]
         labels = [r["name"] for r in runs]
         handles.append(Line2D([], [], color="0.5", ls=":", lw=1.2))
@@ -262,8 +293,8 @@ def main(argv=None) -> int:
         figpath = Path(args.fig)
         figpath.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(figpath, dpi=120)
-    print(f"\nfigure: {figpath}\ntime: total {time.perf_counter() - t_start:.1f} s")
-    return 0
+    return figpath
+
 
 
 if __name__ == "__main__":

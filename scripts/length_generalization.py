@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 import gflow
-from gflow.evaluate import evaluate
+from gflow import evaluate
 from gflow.model import subset_label
 
 ROOT = Path(__file__).resolve().parent.parent

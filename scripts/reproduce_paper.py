@@ -63,7 +63,7 @@ def _label(S) -> str:
     return "∅" if not S else "{" + ",".join(map(str, S)) + "}"
 
 
-def main(argv=None) -> int:
+def _args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--N", type=int, default=10_000, help="sequences in the sample (default 10000)")
     p.add_argument("--L", type=int, default=100, help="context length (default 100)")
@@ -76,8 +76,11 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     p.add_argument("--no-check", action="store_true", help="skip gflow.checks (theory only)")
     p.add_argument("--quiet", action="store_true", help="no line per solver segment")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    args = _args(argv)
     t_start = time.perf_counter()
     cfg = gflow.Config().replace(data={"L": args.L}, estimator={"N": args.N, "seed": args.seed})
     out, figdir = Path(args.out), Path(args.figdir)
@@ -101,8 +104,22 @@ def main(argv=None) -> int:
         print(f"  Stage {st.name:<3} t = {st.t0:10.4g} -> {st.t1:10.4g}  ended by {st.ended_by:<8} "
               f"steps {st.steps:5d} (+{st.rejected} rejected)  nfev {st.nfev:6d}  {st.wall:6.1f} s")  # fmt: skip
 
-    # the check report (writes theory.json, report.json, report.md into out)
     t0 = time.perf_counter()
+    report, theory = _check(args, cfg, out, loss)
+    t_check = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    written = _figures(traj, theory, figdir, args.prefix)
+    t_plot = time.perf_counter() - t0
+    _key_numbers(traj, theory, report)
+    print(f"\nfigures: {', '.join(str(p) for p in written)}")
+    print(f"time: flow {t_flow:.1f} s, checks/theory {t_check:.1f} s, figures {t_plot:.1f} s, "
+          f"total {time.perf_counter() - t_start:.1f} s")  # fmt: skip
+    return 0 if report is None or report.passed else 1
+
+
+def _check(args, cfg, out: Path, loss):
+    """The check report (writes theory.json, report.json, report.md into `out`; ``None`` with
+    ``--no-check``) and the theory it used (computed here without the report)."""
     report = None
     if not args.no_check:
         try:
@@ -117,10 +134,10 @@ def main(argv=None) -> int:
         theory = gflow.theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, loss=loss)
     else:
         theory = json.loads((out / "theory.json").read_text())
-    t_check = time.perf_counter() - t0
+    return report, theory
 
-    # figures
-    t0 = time.perf_counter()
+
+def _figures(traj, theory, figdir: Path, prefix: str) -> list[Path]:
     written = []
     for name, make in (
         ("summary", plot_summary),
@@ -130,12 +147,14 @@ def main(argv=None) -> int:
         ("rate", plot_rate),
         ("loss", plot_loss),
     ):
-        path = figdir / f"{args.prefix}_{name}.png"
+        path = figdir / f"{prefix}_{name}.png"
         make(traj, theory).savefig(path, dpi=DPI)
         written.append(path)
-    t_plot = time.perf_counter() - t0
+    return written
 
-    # key numbers: measured next to predicted
+
+def _key_numbers(traj, theory, report) -> None:
+    """The key numbers: measured next to predicted."""
     mi, s3 = theory["mi"], theory["stage3"]
     cf = traj.c_frac
     st = {r.name: r for r in traj.stages}
@@ -166,10 +185,7 @@ def main(argv=None) -> int:
         n_info = sum(r.passed is None for r in report.rows)
         print(f"  check verdict       {'PASS' if report.passed else 'FAIL'} "
               f"({len(report.rows) - n_fail - n_info} passed, {n_fail} failed, {n_info} informational)")  # fmt: skip
-    print(f"\nfigures: {', '.join(str(p) for p in written)}")
-    print(f"time: flow {t_flow:.1f} s, checks/theory {t_check:.1f} s, figures {t_plot:.1f} s, "
-          f"total {time.perf_counter() - t_start:.1f} s")  # fmt: skip
-    return 0 if report is None or report.passed else 1
+
 
 
 if __name__ == "__main__":

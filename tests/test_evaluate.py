@@ -9,8 +9,22 @@ import numpy as np
 import pytest
 
 import gflow
+from gflow import evaluate
 from gflow.cli import main
-from gflow.evaluate import evaluate
+
+
+def test_gflow_evaluate_is_the_function():
+    """`gflow.evaluate` is the function, not a module it could be confused with: its
+    implementation module is private, and no module `gflow.evaluate` exists."""
+    import importlib
+    import inspect
+
+    assert inspect.isfunction(gflow.evaluate) and callable(gflow.evaluate)
+    assert gflow.evaluate is evaluate is importlib.import_module("gflow._evaluate").evaluate
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("gflow.evaluate")
+    with pytest.raises(TypeError):  # a function's signature, not a module's attribute lookup
+        gflow.evaluate()
 
 
 def test_eval_at_the_training_configuration_reproduces_the_final_loss(small_run, small_loss, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import equinox as eqx
 import jax
@@ -193,8 +194,8 @@ def test_run_replicates_are_the_single_runs(tmp_path):
     """Replicate r is `gflow run` with estimator.seed = base + r (to
     rounding: the three run as one vmapped batch), written to out/rep00r; the
     summaries are written and read back; existing replicate folders are
-    refused before anything runs, and reused with resume (one by one), while
-    the missing ones are integrated."""
+    refused before anything runs, and reused with resume (in their batch),
+    while the missing ones are integrated."""
     out = tmp_path / "reps"
     res = run_replicates(TINY, 3, out=out, base_seed=5)  # R = 3: the batch size of the tests below (one compilation)
     assert res.seeds == [5, 6, 7] and [tr.seed for tr in res.trajectories] == [5, 6, 7]
@@ -218,8 +219,9 @@ def test_run_replicates_are_the_single_runs(tmp_path):
     with pytest.raises(ValueError, match=r"replicate folders already hold runs .*rep000"):
         run_replicates(TINY, 4, out=out, base_seed=5)
     assert not (out / "rep003").exists()
-    again = run_replicates(TINY, 4, out=out, base_seed=5, resume=True)
-    assert again.batches == [[0], [1], [2], [3]] and again.seeds == [5, 6, 7, 8]
+    # in batches of three: the three complete runs resumed as one batch (reused as they are), then rep003
+    again = run_replicates(TINY, 4, out=out, base_seed=5, resume=True, batch=3)
+    assert again.batches == [[0, 1, 2], [3]] and again.seeds == [5, 6, 7, 8]
     for r in range(3):
         np.testing.assert_array_equal(again.trajectories[r].a, res.trajectories[r].a)
     np.testing.assert_array_equal(again.trajectories[3].a, gflow.integrate(TINY.replace(estimator={"seed": 8})).a)
@@ -421,6 +423,61 @@ def test_batch_groups_stage_II_by_selected_set(monkeypatch, sequential):
     for b, s in zip(got, sequential):
         b.stages[1].selected = s.stages[1].selected
         _assert_same_run(b, s)
+
+
+def _interrupted(cfg, out, n_solves):
+    """`gflow.integrate` of `cfg` into `out`, interrupted (SIGINT) after its `n_solves`-th solve:
+    the folder holds the snapshot of that solve, marked "interrupted", with its controller state."""
+    settle = gflow.flow._StageRun.settle
+    count = [0]
+
+    def interrupt_after(run, outcome):
+        settle(run, outcome)
+        count[0] += 1
+        if count[0] == n_solves:
+            raise KeyboardInterrupt
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gflow.flow._StageRun, "settle", interrupt_after)
+        with pytest.raises(KeyboardInterrupt):
+            gflow.integrate(cfg, out=out)
+    return gflow.load(out)
+
+
+def test_resumed_replicates_run_as_a_batch(tmp_path, monkeypatch, sequential):
+    """Replicates interrupted at different points (seeds 1 and 2 in Stage I,
+    after one and two solves; seed 3 in Stage II, after its first solve there)
+    are resumed by `run_replicates(resume=True)` as one vmapped batch, each
+    from its own saved state, time and step-size controller (seed 3 idles
+    through Stage I): each is the single path's resumed run of the same
+    folder, and the uninterrupted run, to rounding. The single driver is
+    never called: no replicate resumes one by one."""
+    out = tmp_path / "reps"
+    where = {}
+    for r, (cfg, n) in enumerate(zip(_cfgs(), (1, 2, 3))):
+        part = _interrupted(cfg, out / f"rep00{r}", n)
+        where[r] = [(s.name, s.complete) for s in part.stages]
+        assert part.status == "interrupted" and part.controller is not None
+        shutil.copytree(out / f"rep00{r}", tmp_path / f"single{r}")
+    assert where == {0: [("I", False)], 1: [("I", False)], 2: [("I", True), ("II", False)]}
+    single = [gflow.integrate(c, out=tmp_path / f"single{r}", resume=True) for r, c in enumerate(_cfgs())]
+
+    def boom(*a, **k):
+        raise AssertionError("a resumed replicate took the single path")
+
+    monkeypatch.setattr(vmapped, "integrate", boom)
+    monkeypatch.setattr(vmapped, "_run_stage", boom)
+    res = run_replicates(EVENTS, 3, base_seed=1, out=out, resume=True)
+    assert res.batches == [[0, 1, 2]] and res.failed == []
+    diff = 0.0
+    for b, s, u in zip(res.trajectories, single, sequential):
+        _assert_same_run(b, s)
+        _assert_same_run(b, u)
+        diff = max(diff, *(float(np.max(np.abs(getattr(b, k) - getattr(s, k)))) for k in ("ts", "w", "C", "a", "loss")))
+        assert b.controller["stage"] == "III" and b.wall > 0
+    assert diff <= 1e-9
+    for r in range(3):  # written to the folders
+        _assert_same_run(gflow.load(out / f"rep00{r}"), single[r])
 
 
 @pytest.fixture(scope="module")
