@@ -12,6 +12,7 @@ import pytest
 
 import gflow
 from gflow.checks import Report, Row, check, check_run, contrast, linear_fit, log_slope, power_exponent
+from gflow.config import from_dict
 
 SMALL = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
 ROW_KEYS = {"name", "claim", "predicted", "measured", "tolerance", "passed"}
@@ -51,6 +52,7 @@ DECIDED_ON_SMALL = (
     ("II: heads outside {1,2}", "finite"),
     ("III: slope of a vs log τ in window (paper: 1)", "paper"),
     ("III: ∂τa vs η_a F(a)", "finite"),
+    ("III: a at end vs a°", "exact"),
     ("III: a at end vs a*", "finite"),
     ("limit loss", "finite"),
 )
@@ -275,6 +277,12 @@ def test_contrast():
     frac[sets.index((1, 2))] = 0.9
     assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**4)
     assert contrast(s, frac, (), sets) == pytest.approx(frac[0])
+    # shifted windows: head h's own offset h is the first entry of its window h..h+M−1
+    shifted = from_dict({"model": {"windows": "shifted"}, "schedule": {"events": False}}).model
+    s = np.full((3, 3), 0.05)
+    s[:, 0] = 0.9
+    assert contrast(s, frac, (1, 2), sets, shifted) == pytest.approx(0.9 * 0.9**4)
+    assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**2 * 0.05**2)
 
 
 # ---------------------------------------------------------------------------
@@ -339,7 +347,7 @@ def test_mutated_trajectory_fails_its_rows(checked_run):
     rep = check(_mutated(traj, stage1_time=2 / 3, a_shift=1.0, nan_loss=True), theory=theory, loss=loss)
     failed = {r.name for r in rep.failed}
     for prefix in ("trajectory finite", "I: slope of log(c_{1,2}/c_", "I: slopes of log", "I: Stage I duration",
-                   "III: a at end vs a*"):  # fmt: skip
+                   "III: a at end vs a°", "III: a at end vs a*"):  # fmt: skip
         assert any(n.startswith(prefix) for n in failed), (prefix, failed)
     assert rep.verdict["gflow"] == "fail" and not rep.passed
     assert rep.row("I: winner argmax c/Σc = S* (argmax Ĩ) at end of Stage I").passed is True
