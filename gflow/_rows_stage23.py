@@ -268,7 +268,8 @@ def _row_a_zero(ctx: _Ctx, d: _S3, a0: float | None) -> None:
     ``F = −∂L̂/∂a`` at the frozen (w, C), and settles at the zero ``a°`` of F it
     reaches from its start (computed by bisection on the run's sample).
     Tolerance: the adaptive solver's accumulated local-error budget
-    ``2·steps·(rtol·|a°| + atol)`` (errors do not grow at a stable zero).
+    ``2·steps·(rtol·|a°| + atol)`` (errors do not grow at a stable zero; rtol
+    at least the dtype's unit roundoff).
     Undecided when the stage has not settled: the distance left,
     ``|F(a_end)|/|F'(a°)|`` (stored gradient; the Newton step), exceeds a
     quarter of the tolerance. Informational for gradient descent (no error
@@ -286,7 +287,8 @@ def _row_a_zero(ctx: _Ctx, d: _S3, a0: float | None) -> None:
         return
     tr, sc, dt = ctx.traj, ctx.cfg.solver, ctx.loss.eps.dtype
     rec = ctx.stage("III")
-    tol = 2.0 * max(int(rec.steps), 1) * (sc.rtol * abs(a0) + sc.atol)
+    rtol = max(float(sc.rtol), float(np.finfo(dt).eps))  # a float32 run cannot resolve rtol = 1e-8
+    tol = 2.0 * max(int(rec.steps), 1) * (rtol * abs(a0) + sc.atol)
     slope = abs(float(_model_dforce(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
                                     jnp.asarray(a0, dt))))  # fmt: skip
     left = abs(float(d.force[-1])) / slope if slope > 0 else math.inf
