@@ -93,6 +93,29 @@ def test_option_matrix(name):
     a0 = report.row("III: a at end vs a° (zero of −∂L̂/∂a at Stage III's frozen w, C)")
     if cfg.estimator.loss == "log":
         assert a0.passed is True, (a0.predicted, a0.measured, a0.tolerance)
+    for r in report.rows:  # every decided row rejects its plausible wrong answer
+        if r.passed is not None:
+            assert r.decide(r.wrong) is False, (r.name, r.measured, r.wrong, r.tolerance)
+    if name == "D_1":
+        _d1_rows_fail_a_shift(traj, report)
+
+
+def _d1_rows_fail_a_shift(traj, report):
+    """D = 1 (README "Laws per model": Stage III settles at the zero of its frozen force, not
+    at the GIH's a*): both Stage III end rows are decided and pass, and Stage III's a shifted
+    by 1 fails both (the a* row is not made vacuous by the selector-residual term ρ_a)."""
+    import copy
+
+    import numpy as np
+
+    names = ("III: a at end vs a° (zero of −∂L̂/∂a at Stage III's frozen w, C)", "III: a at end vs a* (selected set)")
+    for n in names:
+        assert report.row(n).passed is True, n
+    tr = copy.deepcopy(traj)
+    tr.a = np.where(traj.stage == 3, traj.a + 1.0, traj.a)
+    rep = gflow.check(tr)
+    for n in names:
+        assert rep.row(n).passed is False, (n, rep.row(n).tolerance)
 
 
 # The rows each law decides (by name), read from the report independently of the check's
