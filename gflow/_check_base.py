@@ -76,8 +76,8 @@ def _model_dforce(loss: PopulationLoss, w, C, a):
 def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spacing: float = 0.25) -> float | None:
     """The zero ``a°`` of the model's force ``F(a) = −∂L̂/∂a`` at fixed (w, C) that the
     one-dimensional flow ``da/dτ ∝ F(a)`` started at `a_from` settles at: the first
-    down-crossing of F above `a_from` (``a_from`` itself if ``F(a_from) ≤ 0``: the
-    flow then moves down, and the last up-to-down crossing below it is returned).
+    down-crossing of F above `a_from` (if ``F(a_from) < 0`` the flow moves down,
+    and the nearest zero below `a_from` is returned; ``a_from`` if ``F(a_from) = 0``).
     Grid of `spacing` on ``[a_from, a_max]``, then bisection on the exact sample
     mean to ``1e-12``. ``None`` when F > 0 on the whole grid (no finite zero up to
     `a_max`)."""

@@ -309,8 +309,8 @@ def _row_a_end(ctx: _Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
       with the end's C and with C = e_S (:func:`_frozen_zeros`). It can only be
       measured: the residual mass is not a dilution of the match indicator but
       the kernels of other sets, whose information adds to S's (at D = 1 the 1 %
-      left on {2} beside the selected {1} moves the zero by +0.15, three times
-      the dilution a*(1/0.99 − 1); README "Laws per model").
+      left on {2} beside the selected {1} moves the zero by +0.16, four times
+      the dilution a*(1/0.99 − 1) = 0.04; README "Laws per model").
 
     Undecided unless Stage III ran long enough (the flow and the GIH law both
     settled within a quarter of the tolerance). Wrong answer: ``a + 1``.
