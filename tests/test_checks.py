@@ -285,6 +285,29 @@ def test_contrast():
     assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**2 * 0.05**2)
 
 
+def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
+    """With a one-hot copier (logit gaps of 100: off-diagonal weights e^-100) and c = e_S the
+    model is the GIH of S (README §M6.4), so the zero a° of its force −∂L̂/∂a, found by
+    model_zero from below and from above, is the GIH's a* (to the bisection's 1e-12 and
+    rounding); with the residual mass on the empty set (a constant kernel, a dilution by
+    0.99) it is a*/0.99."""
+    from gflow._check_base import model_zero
+    from gflow.theory import make_gih, stage3_law
+
+    sets = gflow.subsets(3, 2)
+    S = (1, 2)
+    w = np.full((3, 3), -50.0)
+    np.fill_diagonal(w, 50.0)
+    C = np.zeros(len(sets))
+    C[sets.index(S)] = 1.0
+    a_star = stage3_law(make_gih(small_loss, S)).a_star
+    assert a_star is not None and 1.0 < a_star < 20.0
+    for a_from in (0.01, a_star + 3.0):
+        assert model_zero(small_loss, w, C, a_from, 30.0) == pytest.approx(a_star, abs=1e-9)
+    C[sets.index(())] = math.sqrt(0.01 / 0.99)  # c = C²: c/Σc = 0.99 on S, 0.01 on ∅
+    assert model_zero(small_loss, w, C, 0.01, 30.0) == pytest.approx(a_star / 0.99, abs=1e-9)
+
+
 # ---------------------------------------------------------------------------
 # The report object and the error path
 # ---------------------------------------------------------------------------
