@@ -25,17 +25,25 @@ from .trajectory import Trajectory
 _EVENT_SLACK = 1e-9
 
 
-def contrast(s, c_frac, S, sets) -> float:
+def own(model, h: int) -> int:
+    """Index in ``s[h−1]`` of head h's weight on its own offset h (``h − 1`` for
+    aligned windows, ``0`` for shifted ones; the aligned layout if `model` is ``None``)."""
+    return h - 1 if model is None else model.own_offset_index(h)
+
+
+def contrast(s, c_frac, S, sets, model=None) -> float:
     """The contrast ``λ = (c_S/Σc)·Π_{h∈S} (s^(h)_h)²`` of the model's kernel
     on the GIH's match indicator on offsets S (see the module docstring).
     ``λ = 1`` exactly when the copier is one-hot on S and ``c = e_S``.
 
-    `s` is the copier attention ``(H, M)``, `c_frac` ``c/Σc`` in the order of `sets`.
+    `s` is the copier attention ``(H, M)``, `c_frac` ``c/Σc`` in the order of `sets`;
+    `model` (a :class:`~gflow.model.ModelConfig`) says where head h's own offset
+    sits in ``s[h−1]`` (default: the aligned windows, index ``h − 1``).
     """
     S = tuple(S)
     lam = float(np.asarray(c_frac)[list(sets).index(S)])
     for h in S:
-        lam *= float(np.asarray(s)[h - 1, h - 1]) ** 2
+        lam *= float(np.asarray(s)[h - 1, own(model, h)]) ** 2
     return lam
 
 
@@ -49,6 +57,54 @@ def _model_force_per_seq(loss: PopulationLoss, w, C, a):
 @eqx.filter_jit
 def _model_loss_per_seq(loss: PopulationLoss, w, C, a):
     return loss.per_sequence(Params(w=w, C=C, a=a))
+
+
+@eqx.filter_jit
+def _model_force_grid(loss: PopulationLoss, w, C, a_grid):
+    """``F(a) = −∂L̂/∂a`` (mean over sequences) at θ = (w, C, a) for every a of `a_grid`."""
+    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params(w=w, C=C, a=aa)))
+    return jax.lax.map(lambda aa: -jax.grad(mean_loss)(aa), a_grid)
+
+
+@eqx.filter_jit
+def _model_dforce(loss: PopulationLoss, w, C, a):
+    """``∂F/∂a = −∂²L̂/∂a²`` at θ = (w, C, a)."""
+    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params(w=w, C=C, a=aa)))
+    return -jax.grad(jax.grad(mean_loss))(a)
+
+
+def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spacing: float = 0.25) -> float | None:
+    """The zero ``a°`` of the model's force ``F(a) = −∂L̂/∂a`` at fixed (w, C) that the
+    one-dimensional flow ``da/dτ ∝ F(a)`` started at `a_from` settles at: the first
+    down-crossing of F above `a_from` (if ``F(a_from) < 0`` the flow moves down,
+    and the nearest zero below `a_from` is returned; ``a_from`` if ``F(a_from) = 0``).
+    Grid of `spacing` on ``[a_from, a_max]``, then bisection on the exact sample
+    mean to ``1e-12``. ``None`` when F > 0 on the whole grid (no finite zero up to
+    `a_max`)."""
+    from ._gih import _bisect
+
+    dt = loss.eps.dtype
+    w, C = jnp.asarray(w, dt), jnp.asarray(C, dt)
+    f = lambda x: float(_model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
+    f0 = f(a_from)
+    if f0 > 0:
+        n = max(int(math.ceil((a_max - a_from) / spacing)), 1)
+        grid = np.linspace(a_from, max(a_max, a_from + spacing), n + 1)
+        F = np.asarray(_model_force_grid(loss, w, C, jnp.asarray(grid, dt)), np.float64)
+        down = np.flatnonzero((F[:-1] > 0) & (F[1:] <= 0))
+        if down.size == 0:
+            return None
+        j = int(down[0])
+        return _bisect(f, float(grid[j]), float(grid[j + 1]), float(F[j]))
+    if f0 == 0:
+        return float(a_from)
+    lo, step = float(a_from), spacing  # F(a_from) < 0: the flow moves down to the zero below
+    while lo - step > -a_max:
+        flo = f(lo - step)
+        if flo > 0:
+            return _bisect(f, lo - step, lo, flo)
+        lo, step = lo - step, 2.0 * step
+    return None
 
 
 def _se(x) -> float:

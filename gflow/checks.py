@@ -42,7 +42,10 @@ Stages II and III the frozen copier/selector is not exactly one-hot; the
 weight with which the model's kernel reads the GIH's match indicator, so to
 first order the model is the GIH with ``a`` shrunk to ``λa``: its force
 ``λF(λa)``, its zero ``a*/λ``, its limit loss unchanged. ``|λF(λa) − F(a)|``
-and ``a*|1/λ − 1|`` are the Stage III tolerances. The rows, their tolerances
+and ``a*|1/λ_w − 1|`` (λ_w the copier's part of λ) are the Stage III tolerances, with the
+measured effect of the selector's residual mass on other sets added (it is not a dilution:
+their kernels carry information). Staged Stage III itself settles at the zero a° of the
+force at its frozen (w, C), checked exactly (``III: a at end vs a°``). The rows, their tolerances
 and wrong answers are documented in the row functions (``gflow._rows_stage1``,
 ``gflow._rows_stage23``; their common context in ``gflow._check_base``).
 """

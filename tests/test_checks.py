@@ -12,6 +12,7 @@ import pytest
 
 import gflow
 from gflow.checks import Report, Row, check, check_run, contrast, linear_fit, log_slope, power_exponent
+from gflow.config import from_dict
 
 SMALL = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
 ROW_KEYS = {"name", "claim", "predicted", "measured", "tolerance", "passed"}
@@ -51,6 +52,7 @@ DECIDED_ON_SMALL = (
     ("II: heads outside {1,2}", "finite"),
     ("III: slope of a vs log τ in window (paper: 1)", "paper"),
     ("III: ∂τa vs η_a F(a)", "finite"),
+    ("III: a at end vs a°", "exact"),
     ("III: a at end vs a*", "finite"),
     ("limit loss", "finite"),
 )
@@ -275,6 +277,35 @@ def test_contrast():
     frac[sets.index((1, 2))] = 0.9
     assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**4)
     assert contrast(s, frac, (), sets) == pytest.approx(frac[0])
+    # shifted windows: head h's own offset h is the first entry of its window h..h+M−1
+    shifted = from_dict({"model": {"windows": "shifted"}, "schedule": {"events": False}}).model
+    s = np.full((3, 3), 0.05)
+    s[:, 0] = 0.9
+    assert contrast(s, frac, (1, 2), sets, shifted) == pytest.approx(0.9 * 0.9**4)
+    assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**2 * 0.05**2)
+
+
+def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
+    """With a one-hot copier (logit gaps of 100: off-diagonal weights e^-100) and c = e_S the
+    model is the GIH of S (README §M6.4), so the zero a° of its force −∂L̂/∂a, found by
+    model_zero from below and from above, is the GIH's a* (to the bisection's 1e-12 and
+    rounding); with the residual mass on the empty set (a constant kernel, a dilution by
+    0.99) it is a*/0.99."""
+    from gflow._check_base import model_zero
+    from gflow.theory import make_gih, stage3_law
+
+    sets = gflow.subsets(3, 2)
+    S = (1, 2)
+    w = np.full((3, 3), -50.0)
+    np.fill_diagonal(w, 50.0)
+    C = np.zeros(len(sets))
+    C[sets.index(S)] = 1.0
+    a_star = stage3_law(make_gih(small_loss, S)).a_star
+    assert a_star is not None and 1.0 < a_star < 20.0
+    for a_from in (0.01, a_star + 3.0):
+        assert model_zero(small_loss, w, C, a_from, 30.0) == pytest.approx(a_star, abs=1e-9)
+    C[sets.index(())] = math.sqrt(0.01 / 0.99)  # c = C²: c/Σc = 0.99 on S, 0.01 on ∅
+    assert model_zero(small_loss, w, C, 0.01, 30.0) == pytest.approx(a_star / 0.99, abs=1e-9)
 
 
 # ---------------------------------------------------------------------------
@@ -339,7 +370,7 @@ def test_mutated_trajectory_fails_its_rows(checked_run):
     rep = check(_mutated(traj, stage1_time=2 / 3, a_shift=1.0, nan_loss=True), theory=theory, loss=loss)
     failed = {r.name for r in rep.failed}
     for prefix in ("trajectory finite", "I: slope of log(c_{1,2}/c_", "I: slopes of log", "I: Stage I duration",
-                   "III: a at end vs a*"):  # fmt: skip
+                   "III: a at end vs a°", "III: a at end vs a*"):  # fmt: skip
         assert any(n.startswith(prefix) for n in failed), (prefix, failed)
     assert rep.verdict["gflow"] == "fail" and not rep.passed
     assert rep.row("I: winner argmax c/Σc = S* (argmax Ĩ) at end of Stage I").passed is True
