@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from ._check_base import _Ctx
 from ._report import decided_row
 from .ladder import RUNGS, loss_ladder
+from .loss import kernel_conditional
 from .model import Params
 
 
@@ -33,7 +34,8 @@ def _rows_ladder(ctx: _Ctx) -> None:
     law = ctx.th.laws.get(S)
     theta = Params(w=jnp.asarray(tr.w[-1], dt), C=jnp.asarray(tr.C[-1], dt), a=jnp.asarray(tr.a[-1], dt))
     try:
-        lad = loss_ladder(ctx.loss, ctx.cfg.data, S=S, params=theta, a_gih=None if law is None else law.a_limit)
+        lad = loss_ladder(ctx.loss, ctx.cfg.data, S=S, params=theta, a_gih=None if law is None else law.a_limit,
+                          pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator))  # fmt: skip
     except ValueError as e:  # parents beyond the counts layout's window
         ctx.skip("loss ladder", str(e))
         return

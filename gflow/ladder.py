@@ -242,6 +242,7 @@ def loss_ladder(
     params: Params | None = None,
     a_gih: float | None = None,
     sample: Sample | None = None,
+    pi_cond=None,
 ) -> Ladder:
     """The ladder on `loss`'s sample (README §M8.3); see the module docstring.
 
@@ -255,6 +256,12 @@ def loss_ladder(
       theory's ``a_limit``; default ``argmin_a L_GIH(a)`` by :func:`gih_argmin`.
     - `sample`: the sample itself, needed for the Bayes counts only with the
       counts layout when the parents reach beyond the model's window ``M``.
+    - `pi_cond`: ``π(·|z_q)`` of every sequence, ``(N, d)``, when the loss's target is not
+      it (``estimator.target = "drawn"``, whose target is the drawn token ``e(y)``:
+      :func:`gflow.loss.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
+      scored against the loss's target, and the entropy is that of ``π(·|z_q)``; without
+      it a drawn target would make the oracle "know" the drawn token (loss ≈ 0) and the
+      Bayes − oracle row vacuous.
     """
     if loss.d != data.d:
         raise ValueError(f"loss_ladder: the estimator has d={loss.d}, the data configuration data.d={data.d}")
@@ -263,8 +270,11 @@ def loss_ladder(
     score = lambda p, c: _score(p, c, jnp.asarray(eps, jnp.float64), kind)
 
     values: dict[str, np.ndarray] = {}
-    values["oracle"] = np.asarray(score(cond, cond))
-    ent = np.asarray(_entropy(cond))
+    pi = cond if pi_cond is None else jnp.asarray(pi_cond, jnp.float64)
+    if pi.shape != cond.shape:
+        raise ValueError(f"loss_ladder: pi_cond has shape {pi.shape}, the loss's targets {cond.shape}")
+    values["oracle"] = np.asarray(score(pi, cond))
+    ent = np.asarray(_entropy(pi))
 
     src = sample if sample is not None else loss.feats
     n = bayes_counts(src, data.parents)

@@ -452,6 +452,18 @@ def shard_features(feats):
     return jax.tree.map(lambda x: jax.device_put(x, sh), feats)
 
 
+def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
+    """``π(·|z_q)`` of every sequence of the sample :func:`make_loss` draws, when the
+    loss's target is not it (``estimator.target = "drawn"``: the target is the drawn
+    token ``e(y)``), else ``None``. The sample is drawn again from the same key, so it is
+    the very sample of the loss. The loss ladder's oracle (:mod:`gflow.ladder`) predicts
+    with it."""
+    if estimator.target != "drawn":
+        return None
+    smp = sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
+    return smp.cond
+
+
 def make_loss(
     data: DataConfig = DataConfig(),
     model: ModelConfig = ModelConfig(),

@@ -57,7 +57,7 @@ from ._theory_result import (
 )
 from ._theory_text import format_theory
 from .data import DataConfig
-from .loss import EstimatorConfig, PopulationLoss, make_loss
+from .loss import EstimatorConfig, PopulationLoss, kernel_conditional, make_loss
 from .model import InitConfig, ModelConfig, init_params, subset_label
 
 __all__ = [
@@ -179,7 +179,7 @@ def theory_report(
         data_cfg, model_cfg, estimator_cfg, init_cfg, n_pi=rank.n_pi, pi_seed=pi_seed, eta_C=eta_C, delta=delta
     )
     key["n_pi_asked"] = int(n_pi)
-    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star])
+    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star], kernel_conditional(data_cfg, estimator_cfg))
     return Theory(
         config=key,
         sets=sets,
@@ -197,14 +197,14 @@ def theory_report(
     )
 
 
-def _ladder(loss, data_cfg, S, law) -> dict | None:
+def _ladder(loss, data_cfg, S, law, pi_cond) -> dict | None:
     """The loss ladder of the sample (README §M8.3; :mod:`gflow.ladder`), the GIH
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
     from .ladder import loss_ladder
 
     try:
-        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit).to_json()
+        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit, pi_cond=pi_cond).to_json()
     except ValueError:
         return None
 

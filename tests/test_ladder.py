@@ -121,6 +121,28 @@ def test_oracle_is_the_entropy_of_a_fixed_kernel():
     assert not lad.bayes_optimal  # a point-mass prior: the oracle is the Bayes predictor
 
 
+def test_oracle_with_a_drawn_target_predicts_with_the_kernel():
+    """estimator.target = "drawn": the target is the drawn token e(y), the oracle still
+    predicts with π(·|z_q) (gflow.loss.kernel_conditional), so per sequence it is
+    −log(π(y|z_q) + ε) by hand, and its mean estimates the entropy E H(π(·|z_q)) (the
+    expected-target oracle's mean on the same sample) within 4 standard errors. Without
+    the kernel the oracle would "know" y: a loss of −log(1 + ε) ≈ 0."""
+    K = [[0.9, 0.1], [0.3, 0.7]]
+    data = gflow.DataConfig(d=2, parents=(1,), L=20, kernel=K)
+    est = gflow.EstimatorConfig(N=4000, seed=1, target="drawn")
+    loss = gflow.make_loss(data, gflow.ModelConfig(M=2, H=2, D=2), est)
+    smp = gflow.sample(data, est.N, key=jax.random.key(est.seed))
+    pi = gflow.loss.kernel_conditional(data, est)
+    np.testing.assert_array_equal(np.asarray(pi), np.asarray(smp.cond))
+    lad = loss_ladder(loss, data, S=(1,), a_gih=3.0, pi_cond=pi)
+    zq, y = np.asarray(smp.zq), np.asarray(smp.y)
+    hand = -np.log(np.asarray(K)[zq, y] + 1e-6)
+    np.testing.assert_allclose(lad.values["oracle"], hand, rtol=1e-12)
+    assert abs(lad.mean("oracle") - lad.entropy) < 4 * hand.std() / math.sqrt(est.N)
+    assert lad.mean("oracle") > 0.4  # not the token-knowing ≈ 0
+    assert gflow.loss.kernel_conditional(data, gflow.EstimatorConfig(N=10)) is None  # expected target: the loss's own
+
+
 def test_ladder_order_on_the_test_sample(small_config, small_loss):
     """oracle ≤ Bayes + 4 paired SE, and inf_a L_GIH ≤ L_GIH(0) = unigram
     (exactly: a = 0 is a candidate of the infimum), on the shared test-size
