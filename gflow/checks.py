@@ -214,6 +214,7 @@ def check_run(
     reuse_theory: bool = True,
     write: bool = True,
     loss: PopulationLoss | None = None,
+    theory: tuple | None = None,
     **kw,
 ) -> Report:
     """Check the run saved in `out_dir` and write its report (README §M7).
@@ -222,7 +223,9 @@ def check_run(
     folder without a run), takes its theory from
     :func:`~gflow.theory.load_or_compute` (``theory.json`` when it belongs to
     the run, else computed on the run's sample; `reuse_theory=False` forces a
-    recomputation), then :func:`check` (further keywords go to it). With
+    recomputation; or `theory`, the ``(Theory, how)`` that
+    :func:`~gflow.theory.load_or_compute` already returned for this run), then
+    :func:`check` (further keywords go to it). With
     `write`, writes ``theory.json``, ``report.json`` (:meth:`Report.to_json`)
     and ``report.md`` into `out_dir`, each atomically.
     """
@@ -231,7 +234,9 @@ def check_run(
     cfg = traj.config
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    theory, how = load_or_compute(out, traj, n_pi=n_pi, pi_seed=pi_seed, loss=loss, reuse=reuse_theory, write=write)
+    if theory is None:
+        theory = load_or_compute(out, traj, n_pi=n_pi, pi_seed=pi_seed, loss=loss, reuse=reuse_theory, write=write)
+    theory, how = theory
     report = check(traj, theory=theory, loss=loss, n_pi=n_pi, pi_seed=pi_seed, **kw)
     report.notes.insert(0, f"theory {'computed' if how == 'computed' else 'reused from theory.json'}")
     if write:

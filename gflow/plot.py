@@ -158,7 +158,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
         list(handles.values()),
         list(handles.keys()),
         loc="outside lower center",
-        ncol=2 if compact else min(len(handles), 4),
+        ncol=1 if compact else min(len(handles), 4),  # compact: two columns overflow the summary page
         fontsize=7 if compact else 8,
     )
     if len(segs) == 1:

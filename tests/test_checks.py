@@ -285,6 +285,28 @@ def test_contrast():
     assert contrast(s, frac, (1, 2), sets) == pytest.approx(0.9 * 0.9**2 * 0.05**2)
 
 
+def test_bracketed_root_newton_and_its_safeguard():
+    """_bracketed_root: the root of tanh(x − 0.3) − 0.2 on [−5, 5] to 1e-12 in at most 8
+    evaluations with the true derivative (Newton), and still to 1e-12 with a useless
+    derivative (zero, or of the wrong sign: every step falls back to bisection)."""
+    import math
+
+    from gflow._check_base import _bracketed_root
+
+    root = 0.3 + math.atanh(0.2)
+    calls = []
+
+    def f(x):
+        calls.append(x)
+        return math.tanh(x - 0.3) - 0.2
+
+    df = lambda x: 1.0 - math.tanh(x - 0.3) ** 2  # noqa: E731
+    assert _bracketed_root(f, df, -5.0, 5.0, f(-5.0)) == pytest.approx(root, abs=1e-12)
+    assert len(calls) - 1 <= 8
+    for bad in (lambda x: 0.0, lambda x: -df(x)):
+        assert _bracketed_root(f, bad, -5.0, 5.0, f(-5.0)) == pytest.approx(root, abs=1e-12)
+
+
 def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
     """With a one-hot copier (logit gaps of 100: off-diagonal weights e^-100) and c = e_S the
     model is the GIH of S (README §M6.4), so the zero a° of its force −∂L̂/∂a, found by
