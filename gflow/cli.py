@@ -184,6 +184,9 @@ def _enable_compilation_cache() -> None:
     # programs of 20–200 ms each (the theory, the checks, the loss at saved states), which
     # together cost ~10 s of a warm start. Cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    from . import _export_cache
+
+    _export_cache.enable(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
     if "EQX_ON_ERROR" not in os.environ:
         from equinox import _errors
 

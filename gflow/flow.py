@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _export_cache
 from ._io import STAGE_CODES
 from ._solve import (
     _COUNTS,
@@ -590,11 +591,11 @@ def _solves(run: _StageRun, loss, sl, finite0) -> None:
         steady_args = run.steady_args()
         while run.running:
             y0, t0, t1, seg = run.solve_args()
-            ts, ys, result, stats, carry = _solve_segment(
+            ts, ys, result, stats, carry = _export_cache.call(_solve_segment, (
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(seg), _f64(sc.eta),
-                carry, method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                carry), dict(method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
                 delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
-                steady=run.steady, t_stage0=steady_args,
+                steady=run.steady, t_stage0=steady_args), result_at=2,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:

@@ -1,0 +1,79 @@
+"""The command line's cache of traced stage solves (gflow/_export_cache.py): a run through
+it, first exporting and then loading the serialized programs, is bit for bit the run
+without it, and the cache is keyed by what determines the program."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+from equinox import _errors
+
+import gflow
+from gflow import _export_cache
+from gflow.trajectory import _ARRAYS
+
+TINY = {"data": {"d": 3, "L": 20}, "estimator": {"N": 200}, "schedule": {"durations": [50.0, 1e10, 20.0]}}
+
+
+@pytest.fixture
+def cli_mode(tmp_path, monkeypatch):
+    """What `gflow` on the command line sets (gflow.cli._enable_compilation_cache): equinox's
+    checks in "nan" mode (no host callback) and the export cache on; caches cleared before
+    and after so that no trace of the other mode is reused."""
+    monkeypatch.setattr(_errors, "EQX_ON_ERROR", "nan")
+    eqx.clear_caches()
+    jax.clear_caches()
+    _export_cache.enable(tmp_path / "export")
+    yield tmp_path / "export"
+    _export_cache.disable()
+    _export_cache._LOADED.clear()
+    monkeypatch.undo()
+    eqx.clear_caches()
+    jax.clear_caches()
+
+
+def test_export_cache_reproduces_the_run_bit_for_bit(cli_mode):
+    cfg = gflow.config.from_dict(TINY)
+    _export_cache.disable()
+    plain = gflow.integrate(cfg)
+    _export_cache.enable(cli_mode)
+    exported = gflow.integrate(cfg)  # traces, exports, writes, calls
+    files = sorted(cli_mode.glob("*.jaxexport"))
+    assert len(files) == 3  # one program per stage (events and moving blocks differ)
+    _export_cache._LOADED.clear()
+    loaded = gflow.integrate(cfg)  # reads the three programs back from disk
+    for tr in (exported, loaded):
+        assert [(s.name, s.ended_by, s.steps, s.rejected, s.nfev) for s in tr.stages] == [
+            (s.name, s.ended_by, s.steps, s.rejected, s.nfev) for s in plain.stages
+        ]
+        for name in _ARRAYS:
+            np.testing.assert_array_equal(getattr(tr, name), getattr(plain, name), err_msg=name)
+
+
+def test_export_cache_key_and_fallback(cli_mode):
+    """The key changes with a static keyword and with an array's shape; a function with a host
+    callback (as the progress meter's) is not exportable: it runs the ordinary way, nothing
+    written, same value."""
+
+    @eqx.filter_jit
+    def f(x, *, scale):
+        return x * scale
+
+    @eqx.filter_jit
+    def g(x):
+        jax.debug.callback(lambda v: None, x)
+        return 2 * x
+
+    def key(x, scale):
+        dyn, static = eqx.partition(((x,), {"scale": scale}), eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dyn)
+        return _export_cache._key("f", treedef, leaves, static)
+
+    x3, x4 = jax.numpy.ones(3), jax.numpy.ones(4)
+    assert len({key(x3, 2.0), key(x3, 3.0), key(x4, 2.0)}) == 3 and key(x3, 2.0) == key(x3, 2.0)
+    np.testing.assert_array_equal(_export_cache.call(f, (x3,), {"scale": 2.0}), 2 * np.ones(3))
+    assert len(list(cli_mode.glob("*.jaxexport"))) == 1
+    np.testing.assert_array_equal(_export_cache.call(g, (x3,), {}), 2 * np.ones(3))
+    assert len(list(cli_mode.glob("*.jaxexport"))) == 1
