@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import time
 from typing import Literal
 
@@ -223,6 +224,24 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     return step, (P, keys, jnp.asarray(0))
 
 
+def _settings(cfg: Config, sc: SGDConfig | None) -> SGDConfig:
+    """The run's :class:`SGDConfig`. With ``solver.method = "sgd"`` the config says η
+    (``solver.eta``) and the end ``schedule.t1`` (``⌈t1/η⌉`` steps, as GD): they fill the
+    default, and a given `sc` that says otherwise is an error naming both."""
+    if cfg.solver.method_for("I") != "sgd":
+        return SGDConfig() if sc is None else sc
+    eta, K = cfg.solver.eta, max(1, math.ceil(cfg.schedule.t1 / cfg.solver.eta - 1e-9))
+    if sc is None:
+        return SGDConfig(eta=eta, steps=K)
+    if sc.eta != eta or sc.steps != K:
+        raise ValueError(
+            f"solver.method = 'sgd' takes η = solver.eta = {eta!r} and ⌈schedule.t1/η⌉ = {K} steps, but "
+            f"sgd.eta = {sc.eta!r}, sgd.steps = {sc.steps!r}: make them agree, or pass no SGDConfig "
+            f"settings for η and the steps"
+        )
+    return sc
+
+
 def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | None = None,
         params0: Params | None = None) -> SGDRun:  # fmt: skip
     """Run ``sgd.seeds`` independent SGD runs of ``sgd.steps`` steps (see the module
@@ -233,12 +252,14 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
     - `config`: the model, data, initialisation, time scales Λ (``schedule``, which must
       be ``"joint"``) and the fixed sample's estimator (``estimator``: the loss recorded
       at saved times and the sample that ``sampling="fixed"`` draws from).
-    - `sgd`: an :class:`SGDConfig` (default ``SGDConfig()``).
+    - `sgd`: an :class:`SGDConfig` (default ``SGDConfig()``; with ``solver.method = "sgd"``
+      the default takes η from ``solver.eta`` and ``⌈schedule.t1/η⌉`` steps, and a given one
+      must agree with them).
     - `loss`: the fixed sample's ``L̂_N`` (default ``make_loss`` of the config).
     - `params0`: the initial θ (default: the paper's initialisation), shared by all seeds.
     """
     t_wall = time.perf_counter()
-    cfg, sc = config, (SGDConfig() if sgd is None else sgd)
+    cfg, sc = config, _settings(config, sgd)
     _check(cfg, sc, loss)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)

@@ -231,3 +231,48 @@ def test_fresh_sgd_is_deterministic(loss):
         np.testing.assert_array_equal(getattr(r2, x), getattr(r2b, x))
         np.testing.assert_array_equal(getattr(r2, x), getattr(r3, x)[:2])
     assert r2.a[0, -1] != r2.a[1, -1]
+
+
+@pytest.mark.slow
+def test_sde_sigma_subsample(loss):
+    """``sigma_sample = N`` is the default (Σ from the whole sample) bit for bit; a smaller M
+    changes the noise only (a different path, same drift: with noise = 0 identical); M > N
+    is refused naming the field."""
+    sc = dict(eta=0.1, batch=10, t1=0.3, dt=0.1, seeds=2, save_per_decade=1)
+    base = sde(CFG, SDEConfig(**sc), loss=loss)
+    full = sde(CFG, SDEConfig(sigma_sample=loss.N, **sc), loss=loss)
+    sub = sde(CFG, SDEConfig(sigma_sample=50, **sc), loss=loss)
+    for x in ("w", "C", "a", "loss"):
+        np.testing.assert_array_equal(getattr(base, x), getattr(full, x))
+    assert np.all(base.a[:, -1] != sub.a[:, -1])
+    quiet = dict(sc, noise=0.0)
+    np.testing.assert_array_equal(sde(CFG, SDEConfig(**quiet), loss=loss).a,
+                                  sde(CFG, SDEConfig(sigma_sample=50, **quiet), loss=loss).a)  # fmt: skip
+    with pytest.raises(ValueError, match=r"sde\.sigma_sample = 201 must be <="):
+        sde(CFG, SDEConfig(sigma_sample=201, **sc), loss=loss)
+    with pytest.raises(ValueError, match=r"sde\.sigma_sample must be an integer >= 0"):
+        SDEConfig(sigma_sample=-1)
+
+
+def test_method_sgd_routes_to_gflow_sgd(loss, tmp_path):
+    """``solver.method = "sgd"``: gflow.sgd takes η from solver.eta and ⌈t1/η⌉ steps (the same
+    run as the explicit SGDConfig), refuses a contradicting SGDConfig naming the fields;
+    gflow.integrate, integrate_batch and ``gflow run`` refuse it (exit 2, nothing written)
+    pointing to gflow.sgd."""
+    import gflow.cli
+
+    cfg = CFG.replace(schedule={"t1": 0.25}, solver={"method": "sgd", "eta": 0.1})
+    run = sgd(cfg, loss=loss)
+    assert run.sgd.eta == 0.1 and run.sgd.steps == 3 and run.ts[-1] == pytest.approx(0.3)
+    same = sgd(CFG, SGDConfig(eta=0.1, steps=3), loss=loss)
+    np.testing.assert_array_equal(run.a, same.a)
+    with pytest.raises(ValueError, match=r"solver\.eta = 0\.1 .* sgd\.eta = 0\.2"):
+        sgd(cfg, SGDConfig(eta=0.2, steps=3), loss=loss)
+    with pytest.raises(ValueError, match=r"run it with gflow\.sgd"):
+        gflow.integrate(cfg, loss=loss)
+    with pytest.raises(ValueError, match=r"gflow\.integrate_batch .* run it with gflow\.sgd"):
+        gflow.integrate_batch([cfg, cfg.replace(estimator={"seed": 1})])
+    p = tmp_path / "sgd.toml"
+    p.write_text('[schedule]\nkind = "joint"\n[solver]\nmethod = "sgd"\n')
+    assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert not (tmp_path / "out").exists()
