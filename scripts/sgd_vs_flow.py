@@ -85,8 +85,9 @@ def main():
             i, j, k = (int(np.argmin(abs(np.log(x.ts[1:] / t)))) + 1 for x in (s, e, flow))
             row = [f"η/B = {args.eta / B:.3g}, t = {s.ts[i]:.3g}:"]
             for name in ("a", "c", "loss"):
-                row.append(f"{name}: flow {fq[name][k]:.4f}, SGD {q(s, name)[:, i].mean():.4f}±{q(s, name)[:, i].std():.4f},"
-                           f" SME {q(e, name)[:, j].mean():.4f}±{q(e, name)[:, j].std():.4f};")  # fmt: skip
+                sme = "" if args.no_sde else f" SME {q(e, name)[:, j].mean():.4f}±{q(e, name)[:, j].std():.4f};"
+                row.append(f"{name}: flow {fq[name][k]:.4f}, SGD {q(s, name)[:, i].mean():.4f}±{q(s, name)[:, i].std():.4f};"
+                           + sme)  # fmt: skip
             print(" ".join(row))
         for name, run in (("SGD", s), ("SME", e)) if not args.no_sde else (("SGD", s),):
             picks = [subset_label(cfg.model.subsets[x]) for x in np.argmax(run.c_frac[:, -1], -1)]
