@@ -11,7 +11,11 @@ Two ways to draw batches:
 - ``sampling = "fresh"`` (online SGD, what practitioners run): every step draws
   ``B`` new sequences (each with its own kernel π) from the data model, from the key
   ``fold_in(fold_in(key(seed), r), k)`` of seed r and step k, so the expected
-  gradient is the population gradient ∇L;
+  gradient is the population gradient ∇L. They are drawn by
+  :func:`gflow.data.sample_fast` (the data model's law exactly, by cheaper algorithms
+  than the fixed sample's :func:`gflow.data.sample`), their window counts for all seeds
+  at once (:func:`_count_features_flat`); ``estimator.target = "drawn"`` uses each
+  sequence's sampled ``x_{L+1}``, as ``make_loss`` does;
 - ``sampling = "fixed"``: batches are drawn *without replacement* from the flow's fixed
   sample (``make_loss``'s ``L̂_N``): epoch e is a random permutation of the N
   sequences cut into ``N // B`` batches (a remainder ``N mod B`` is left out of that
@@ -66,7 +70,7 @@ class SGDConfig(eqx.Module):
     steps: int = eqx.field(static=True, default=1000)
     seeds: int = eqx.field(static=True, default=8)
     seed: int = eqx.field(static=True, default=0)
-    sampling: Literal["fresh", "fixed"] = eqx.field(static=True, default="fresh")
+    sampling: Literal["fresh", "fixed", "replace"] = eqx.field(static=True, default="fresh")
     save_per_decade: int = eqx.field(static=True, default=12)
 
     def __check_init__(self):

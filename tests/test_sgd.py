@@ -145,22 +145,27 @@ def _z_scores(count, n, p):
     return np.abs(count / n - p) / np.where(se > 0, se, 1.0)
 
 
-def test_fresh_sampler_transitions_match_the_kernel():
-    """With a fixed kernel (a 3-gram, parents (1, 2), d = 3) every empirical transition
-    frequency #(z → e)/#z of 4000 sequences of length 60 is within 4.5 binomial standard
-    errors of π(e|z) (README §M1), a zero-probability transition never occurs, and the
-    first two tokens of start="uniform" are uniform within 4.5 SE."""
+@pytest.mark.parametrize("parents, start, burn_in", [((1, 2), "uniform", 0), ((1, 3), "stationary", 2)])
+def test_fresh_sampler_transitions_match_the_kernel(parents, start, burn_in):
+    """With a fixed kernel (d = 3, two parents) every empirical transition frequency
+    #(z → e)/#z of 4000 sequences of length 60 is within 4.5 binomial standard errors of
+    π(e|z) (README §M1), a zero-probability transition never occurs, cond is π(·|z_q), and
+    the first window's frequencies are within 4.5 SE of the start law (uniform, or the
+    window chain's exact stationary law, which burn-in preserves)."""
     import jax
 
-    from gflow.data import DataConfig, sample_fast
+    from gflow.data import DataConfig, sample_fast, stationary_window
 
     pi = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.0, 0.5], [0.05, 0.9, 0.05],
                    [0.2, 0.3, 0.5], [0.0, 1.0, 0.0], [0.6, 0.4, 0.0], [0.25, 0.25, 0.5]])  # fmt: skip
-    cfg = DataConfig(d=3, parents=(1, 2), L=60, start="uniform", kernel=pi)
+    cfg = DataConfig(d=3, parents=parents, L=60, start=start, burn_in=burn_in, kernel=pi)
     s = jax.jit(lambda k: sample_fast(cfg, 4000, k))(jax.random.key(3))
     full = np.concatenate([np.asarray(s.X), np.asarray(s.y)[:, None]], axis=1)
-    z = 3 * full[:, 1:-1] + full[:, :-2]  # z = x_{l-1}·d + x_{l-2} (first parent most significant)
-    e = full[:, 2:]
+    m = parents[-1]
+    p1, p2 = parents
+    # z = x_{l-p1}·d + x_{l-p2} (first parent most significant)
+    z = 3 * full[:, m - p1 : full.shape[1] - p1] + full[:, m - p2 : full.shape[1] - p2]
+    e = full[:, m:]
     cnt = np.zeros((9, 3))
     np.add.at(cnt, (z.ravel(), e.ravel()), 1)
     n = cnt.sum(1, keepdims=True)
@@ -168,8 +173,10 @@ def test_fresh_sampler_transitions_match_the_kernel():
     assert np.all(cnt[pi == 0] == 0)
     assert np.max(_z_scores(cnt, n, pi)) < 4.5
     np.testing.assert_array_equal(np.asarray(s.cond), pi[np.asarray(s.zq)])
-    first = np.bincount(full[:, :2].ravel(), minlength=3)
-    assert np.max(_z_scores(first, first.sum(), np.full(3, 1 / 3))) < 4.5
+    code = (full[:, :m] * 3 ** np.arange(m - 1, -1, -1)).sum(1)
+    first = np.bincount(code, minlength=3**m)
+    law = np.full(3**m, 3.0**-m) if start == "uniform" else np.asarray(stationary_window(pi, cfg))
+    assert np.max(_z_scores(first, first.sum(), law)) < 4.5
 
 
 @pytest.mark.parametrize("alpha", [0.1, 2.0])
