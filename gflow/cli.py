@@ -216,13 +216,14 @@ def _dispatch(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .config import load_config, warnings_for
+    from .config import load_config, refuse_sgd, warnings_for
     from .trajectory import check_output, lock
 
     cfg = load_config(args.config)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
     out = Path(args.out)
+    refuse_sgd(cfg, "gflow run")  # before any output folder is touched
     if args.replicates is not None:
         return _run_replicates(args, cfg, out)
     if args.replicates_batch is not None:

@@ -36,7 +36,7 @@ from .loss import EstimatorConfig
 from .model import InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd")
+_METHODS = ("tsit5", "kvaerno5", "gd", "sgd")
 _JOINT_COORDS = ("log", "C")
 
 
@@ -107,6 +107,10 @@ class SolverConfig(eqx.Module):
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
       One name for every stage, or a list of three, one per stage
       (``["tsit5", "tsit5", "kvaerno5"]``); "gd" is all or nothing.
+      ``"sgd"`` (extension, joint schedule only, all or nothing): online SGD, R seeds
+      with fresh sequences every step, run by :func:`gflow.sgd` (step ``eta``, to
+      ``schedule.t1``); it is not a flow, so ``gflow.integrate``, ``gflow run``,
+      replicates and sweeps refuse it with an error pointing to :func:`gflow.sgd`.
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
@@ -158,8 +162,9 @@ class SolverConfig(eqx.Module):
                 f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
                 f"got {self.method!r}"
             )
-        if "gd" in names and len(set(names)) > 1:
-            raise ValueError(f"solver.method: 'gd' cannot be mixed with ODE solvers, got {self.method!r}")
+        for m in ("gd", "sgd"):
+            if m in names and len(set(names)) > 1:
+                raise ValueError(f"solver.method: {m!r} cannot be mixed with ODE solvers, got {self.method!r}")
         for name in ("rtol", "atol", "eta"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -187,6 +192,11 @@ class Config(eqx.Module):
     estimator: EstimatorConfig = EstimatorConfig()
 
     def __check_init__(self):
+        if self.solver.method_for("I") == "sgd" and self.schedule.kind != "joint":
+            raise ValueError(
+                f"solver.method = 'sgd' needs schedule.kind = 'joint' (SGD moves every block at every step), "
+                f"got schedule.kind = {self.schedule.kind!r}"
+            )
         if self.model.windows == "shifted" and self.schedule.kind == "staged" and self.schedule.events:
             # the Stage II event reads s^(h)_h (aligned windows); shifted head h's own offset is w[h-1, 0]
             raise ValueError(
@@ -391,6 +401,17 @@ def from_dict(d: dict[str, Any]) -> Config:
 # per-sequence values; more for the heavy-tailed log losses), and the checks read |x − theory| <= k·se
 # as a confidence statement, which needs the central limit theorem to hold for the sample mean.
 N_WARN = 100
+
+
+def refuse_sgd(cfg: Config, what: str) -> None:
+    """``ValueError`` if ``cfg`` asks for ``solver.method = "sgd"``, which `what` (a flow
+    integrator) cannot run: SGD's R seeds are not one trajectory."""
+    if cfg.solver.method_for("I") == "sgd":
+        raise ValueError(
+            f"solver.method = 'sgd' is online SGD over R seeds, not a flow: {what} integrates flows "
+            f"(solver.method one of {_METHODS[:3]}); run it with gflow.sgd(config, gflow.SGDConfig(batch=..., "
+            f"seeds=...)), which takes its step from solver.eta and its end from schedule.t1"
+        )
 
 
 def warnings_for(cfg: Config) -> list[str]:

@@ -48,7 +48,7 @@ from ._solve import (
     _stats_at,
     _VectorField,
 )
-from .config import Config
+from .config import Config, refuse_sgd
 from .loss import PopulationLoss, StageLoss, make_loss
 from .model import Params, init_params
 from .trajectory import StageRecord, Trajectory, load, lock, save
@@ -144,6 +144,7 @@ def integrate(
     :class:`~gflow.trajectory.RunFolderError` when `out` is locked by another
     process or cannot be written.
     """
+    refuse_sgd(config, "gflow.integrate")  # solver.method = "sgd": gflow.sgd runs it, not the flow
     kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
           "throw": throw}
     if out is None:

@@ -49,6 +49,11 @@ class SDEConfig(eqx.Module):
       to whole steps.
     - `noise`: multiplies the diffusion (1: the SME; 0: the gradient flow).
     - `save_per_decade`: saved steps per decade of the step count (as :func:`gflow.sgd.sgd`).
+    - `sigma_sample`: ``0`` (default: Σ from all N sequences of the fixed sample) or M with
+      ``1 <= M <= N``: Σ from the first M sequences only (the sample is i.i.d., so a random
+      subsample; the drift stays the full ``L̂_N``'s). Forming Σ costs M per-sequence
+      gradients at every step, so M ≪ N makes long or many-path runs affordable; the noise
+      is then that of a Σ estimated from M sequences (relative error ~ 1/√M).
     """
 
     eta: float = eqx.field(static=True, default=0.1)
@@ -59,8 +64,11 @@ class SDEConfig(eqx.Module):
     dt: float = eqx.field(static=True, default=0.0)
     noise: float = eqx.field(static=True, default=1.0)
     save_per_decade: int = eqx.field(static=True, default=12)
+    sigma_sample: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
+        if isinstance(self.sigma_sample, bool) or not isinstance(self.sigma_sample, (int, np.integer)) or self.sigma_sample < 0:
+            raise ValueError(f"sde.sigma_sample must be an integer >= 0 (0: the whole sample), got {self.sigma_sample!r}")
         for name, lo in (("eta", 0.0), ("t1", 0.0)):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
@@ -97,6 +105,7 @@ def _sqrtm_psd(S):
 
 class _Terms(eqx.Module):
     loss: PopulationLoss
+    sig_loss: PopulationLoss  # the sequences whose per-sequence gradients give Σ
     lam: jax.Array  # Λ on the flattened θ
     unravel: object = eqx.field(static=True)
     noise: jax.Array  # √(η/B)·noise
@@ -106,7 +115,7 @@ class _Terms(eqx.Module):
         return -self.lam * g
 
     def diffusion(self, t, y, args):
-        root = _sqrtm_psd(gradient_covariance(self.loss, self.unravel(y)))
+        root = _sqrtm_psd(gradient_covariance(self.sig_loss, self.unravel(y)))
         return self.noise * self.lam[:, None] * root
 
 
@@ -140,12 +149,16 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     dtype = cfg.estimator.jdtype
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if sc.sigma_sample > loss.N:
+        raise ValueError(f"sde.sigma_sample = {sc.sigma_sample} must be <= the sample's N = {loss.N} (0: all of it)")
+    M = sc.sigma_sample or loss.N
+    sig_loss = loss if M == loss.N else eqx.tree_at(lambda m: m.feats, loss, jax.tree.map(lambda x: x[:M], loss.feats))
     p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, dtype=dtype)
     y0, unravel = ravel_pytree(p0)
     s = cfg.schedule
     lam = ravel_pytree(Params(w=jnp.full_like(p0.w, s.eta_w), C=jnp.full_like(p0.C, s.eta_C),
                               a=jnp.full_like(p0.a, s.eta_a)))[0]  # fmt: skip
-    terms = _Terms(loss=loss, lam=lam, unravel=unravel, noise=jnp.asarray(sc.noise * math.sqrt(sc.eta / sc.batch), dtype))
+    terms = _Terms(loss=loss, sig_loss=sig_loss, lam=lam, unravel=unravel, noise=jnp.asarray(sc.noise * math.sqrt(sc.eta / sc.batch), dtype))
     dt = sc.step
     K = max(1, math.ceil(sc.t1 / dt - 1e-9))
     ks = _save_steps(K, sc.save_per_decade)

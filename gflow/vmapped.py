@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Config
+from .config import Config, refuse_sgd
 from .flow import (
     FlowError,
     _append_rows,
@@ -281,6 +281,8 @@ class _Runs:
 def _integrate_batch(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
     """:func:`integrate_batch`, also returning each replicate's :class:`FlowError` (or ``None``)."""
     cfgs = list(configs)
+    if cfgs:
+        refuse_sgd(cfgs[0], "gflow.integrate_batch")
     _check_batch(cfgs)
     R = len(cfgs)
     outs = [None] * R if outs is None else [None if o is None else Path(o) for o in outs]

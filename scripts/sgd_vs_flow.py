@@ -6,7 +6,10 @@ Setting (cheap on purpose, for the figure): the published run's model and loss
 sample of N = 1000 sequences; online SGD (``sampling = "fresh"``: new sequences at
 every step) with η = 0.1 and B ∈ {100, 10, 2} (η/B = 0.001, 0.01, 0.05), R = 8 seeds
 each, to t = ``--t1`` (default 100, 1000 steps); the SME with the same η/B, dt = η/2,
-R = 8 paths.
+R = 8 paths, Σ(θ) from the first M = 200 sequences of the fixed sample
+(``SDEConfig.sigma_sample``, ``--sigma-sample``; the drift uses all N). ``--parents``
+changes the data's parent set (e.g. ``1 3``), ``--no-sde`` skips the SME (SGD seeds
+only, e.g. to count which set many seeds select).
 
 Figure ``figures/sgd_vs_flow.png``: one column per η/B; rows a, the flow's selected
 c_S/Σc and the loss L̂_N (the fixed sample's), against t (log scale): the flow (black),
@@ -41,16 +44,19 @@ def main():
     ap.add_argument("--eta", type=float, default=0.1)
     ap.add_argument("--batches", type=int, nargs="+", default=[100, 10, 2])
     ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--sigma-sample", type=int, default=200, help="sequences for Σ in the SME (0: all N)")
+    ap.add_argument("--parents", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--no-sde", action="store_true")
     ap.add_argument("--out", default="figures/sgd_vs_flow.png")
     args = ap.parse_args()
 
     cfg = gflow.Config().replace(
-        data={"L": args.L, "start": "uniform"},
+        data={"L": args.L, "start": "uniform", "parents": args.parents},
         estimator={"N": args.N, "loss": "ce_on_probs"},
         schedule={"kind": "joint", "t1": args.t1},
     )
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
-    t0 = time.perf_counter()
+    t_start = t0 = time.perf_counter()
     flow = gflow.integrate(cfg, loss=loss)
     print(f"flow: {flow.stages[0].nfev} evaluations, {time.perf_counter() - t0:.1f} s")
     sel = int(np.argmax(flow.c_frac[-1]))
@@ -61,7 +67,8 @@ def main():
         t0 = time.perf_counter()
         s = sgd(cfg, SGDConfig(eta=args.eta, batch=B, steps=steps, seeds=args.seeds, sampling="fresh"), loss=loss)
         t1 = time.perf_counter()
-        e = sde(cfg, SDEConfig(eta=args.eta, batch=B, t1=args.t1, dt=args.eta / 2, seeds=args.seeds), loss=loss)
+        e = s if args.no_sde else sde(cfg, SDEConfig(eta=args.eta, batch=B, t1=args.t1, dt=args.eta / 2, seeds=args.seeds,
+                                                     sigma_sample=args.sigma_sample), loss=loss)  # fmt: skip
         print(f"B = {B}: SGD {t1 - t0:.1f} s, SME {time.perf_counter() - t1:.1f} s")
         runs[B] = (s, e)
 
@@ -69,17 +76,27 @@ def main():
         return {"a": run.a, "c": run.c_frac[..., sel], "loss": run.loss}[name]
 
     fq = {"a": flow.a, "c": flow.c_frac[:, sel], "loss": flow.loss}
-    print(f"selected set (flow): {label}; load average {os.getloadavg()}")
+    order = np.argsort(flow.c_frac[-1])[::-1]
+    print(f"selected set (flow): {label}; flow's c_S/Σc at t1: "
+          + ", ".join(f"{subset_label(cfg.model.subsets[x])} {flow.c_frac[-1, x]:.4f}" for x in order[:3])
+          + f"; load average {os.getloadavg()}")  # fmt: skip
     for B, (s, e) in runs.items():
         for t in (1.0, 10.0, args.t1):
             i, j, k = (int(np.argmin(abs(np.log(x.ts[1:] / t)))) + 1 for x in (s, e, flow))
             row = [f"η/B = {args.eta / B:.3g}, t = {s.ts[i]:.3g}:"]
             for name in ("a", "c", "loss"):
-                row.append(f"{name}: flow {fq[name][k]:.4f}, SGD {q(s, name)[:, i].mean():.4f}±{q(s, name)[:, i].std():.4f},"
-                           f" SME {q(e, name)[:, j].mean():.4f}±{q(e, name)[:, j].std():.4f};")  # fmt: skip
+                sme = "" if args.no_sde else f" SME {q(e, name)[:, j].mean():.4f}±{q(e, name)[:, j].std():.4f};"
+                row.append(f"{name}: flow {fq[name][k]:.4f}, SGD {q(s, name)[:, i].mean():.4f}±{q(s, name)[:, i].std():.4f};"
+                           + sme)  # fmt: skip
             print(" ".join(row))
-        picks = [subset_label(cfg.model.subsets[x]) for x in np.argmax(s.c_frac[:, -1], -1)]
-        print(f"  sets selected at t1 by the SGD seeds: {picks}")
+        for name, run in (("SGD", s), ("SME", e)) if not args.no_sde else (("SGD", s),):
+            picks = [subset_label(cfg.model.subsets[x]) for x in np.argmax(run.c_frac[:, -1], -1)]
+            agree = sum(p == label for p in picks)
+            print(f"  η/B = {args.eta / B:.3g}: sets selected at t1 by the {name} seeds: {picks} "
+                  f"({agree}/{len(picks)} the flow's)")  # fmt: skip
+    print(f"total {time.perf_counter() - t_start:.1f} s")
+    if args.no_sde:
+        return
 
     import matplotlib
 

@@ -134,3 +134,152 @@ def test_sgd_mean_approaches_flow(loss):
             z[eta].append(abs(x.mean() - f) / (x.std(ddof=1) / np.sqrt(len(x))))
     assert max(z[0.0125]) < 4, z
     assert 2.5 < sd[0.2] / sd[0.0125] < 6.5, sd
+
+
+# -- the fresh-sequence sampler of online SGD (gflow.data.sample_fast) --------------------------
+
+
+def _z_scores(count, n, p):
+    """|count/n − p| in binomial standard errors (n trials, probability p)."""
+    se = np.sqrt(p * (1 - p) / n)
+    return np.abs(count / n - p) / np.where(se > 0, se, 1.0)
+
+
+@pytest.mark.parametrize("parents, start, burn_in", [((1, 2), "uniform", 0), ((1, 3), "stationary", 2)])
+def test_fresh_sampler_transitions_match_the_kernel(parents, start, burn_in):
+    """With a fixed kernel (d = 3, two parents) every empirical transition frequency
+    #(z → e)/#z of 4000 sequences of length 60 is within 4.5 binomial standard errors of
+    π(e|z) (README §M1), a zero-probability transition never occurs, cond is π(·|z_q), and
+    the first window's frequencies are within 4.5 SE of the start law (uniform, or the
+    window chain's exact stationary law, which burn-in preserves)."""
+    import jax
+
+    from gflow.data import DataConfig, sample_fast, stationary_window
+
+    pi = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.0, 0.5], [0.05, 0.9, 0.05],
+                   [0.2, 0.3, 0.5], [0.0, 1.0, 0.0], [0.6, 0.4, 0.0], [0.25, 0.25, 0.5]])  # fmt: skip
+    cfg = DataConfig(d=3, parents=parents, L=60, start=start, burn_in=burn_in, kernel=pi)
+    s = jax.jit(lambda k: sample_fast(cfg, 4000, k))(jax.random.key(3))
+    full = np.concatenate([np.asarray(s.X), np.asarray(s.y)[:, None]], axis=1)
+    m = parents[-1]
+    p1, p2 = parents
+    # z = x_{l-p1}·d + x_{l-p2} (first parent most significant)
+    z = 3 * full[:, m - p1 : full.shape[1] - p1] + full[:, m - p2 : full.shape[1] - p2]
+    e = full[:, m:]
+    cnt = np.zeros((9, 3))
+    np.add.at(cnt, (z.ravel(), e.ravel()), 1)
+    n = cnt.sum(1, keepdims=True)
+    assert n.min() > 500
+    assert np.all(cnt[pi == 0] == 0)
+    assert np.max(_z_scores(cnt, n, pi)) < 4.5
+    np.testing.assert_array_equal(np.asarray(s.cond), pi[np.asarray(s.zq)])
+    code = (full[:, :m] * 3 ** np.arange(m - 1, -1, -1)).sum(1)
+    first = np.bincount(code, minlength=3**m)
+    law = np.full(3**m, 3.0**-m) if start == "uniform" else np.asarray(stationary_window(pi, cfg))
+    assert np.max(_z_scores(first, first.sum(), law)) < 4.5
+
+
+@pytest.mark.parametrize("alpha", [0.1, 2.0])
+def test_fresh_sampler_kernels_are_dirichlet(alpha):
+    """The kernels' rows are Dirichlet(α·1_d) (README §M1): over 3000 × 9 rows (d = 3),
+    P(π_e ≤ t) equals the Beta(α, 2α) distribution function at several t within 4.5
+    binomial standard errors, and E π_e², E π_0 π_1 their closed forms
+    α(α+1)/(3α(3α+1)) and α²/(3α(3α+1)) within 4.5 SE; α = 0.1 uses the GS sampler,
+    α = 2 Marsaglia–Tsang. A traced α (the general sampler) gives the same law."""
+    import jax
+    import jax.numpy as jnp
+    from scipy import stats
+
+    from gflow.data import DataConfig, _log_gamma_mt, sample_fast
+
+    cfg = DataConfig(d=3, alpha=alpha, L=4, start="uniform")
+    pi = np.asarray(jax.jit(lambda k: sample_fast(cfg, 3000, k))(jax.random.key(5)).pi).reshape(-1, 3)
+    lg = np.asarray(jax.jit(lambda k, a: _log_gamma_mt(k, a, 3 * 27000, jnp.float64))(jax.random.key(6), alpha))
+    g = np.exp(lg.reshape(-1, 3))
+    for p in (pi, g / g.sum(1, keepdims=True)):
+        assert np.all(p >= 0) and np.allclose(p.sum(1), 1.0, atol=1e-12)
+        x = p.ravel()
+        for t in (1e-6, 1e-2, 0.2, 0.5, 0.9):
+            want = stats.beta(alpha, 2 * alpha).cdf(t)
+            assert _z_scores((x <= t).sum(), x.size, want) < 4.5, (t, (x <= t).mean(), want)
+        norm = 3 * alpha * (3 * alpha + 1)
+        for v, want in ((p**2, alpha * (alpha + 1) / norm), (p[:, 0] * p[:, 1], alpha**2 / norm)):
+            v = v.ravel()
+            assert abs(v.mean() - want) < 4.5 * v.std() / np.sqrt(v.size), (v.mean(), want)
+
+
+def test_fresh_count_features_equal_the_loss_features():
+    """The flat count features of SGD's fresh batches are exactly :func:`gflow.model.features`
+    (layout "counts"), for aligned and shifted windows."""
+    import jax
+
+    from gflow.data import DataConfig, sample_fast
+    from gflow.model import ModelConfig, features
+    from gflow.sgd import _count_features_flat
+
+    s = sample_fast(DataConfig(d=3, L=30), 50, jax.random.key(0))
+    for model in (ModelConfig(), ModelConfig(M=2, H=2, windows="shifted")):
+        want = features(s, model, layout="counts")
+        got = _count_features_flat(s.X, s.cond, model, want.counts.dtype)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_fresh_sgd_is_deterministic(loss):
+    """Online SGD (fresh sequences): the same seed gives the same trajectory bit for bit,
+    seed r's trajectory does not depend on how many seeds run with it, and different
+    seeds differ."""
+    sc = dict(eta=0.1, batch=20, steps=5, sampling="fresh", save_per_decade=1)
+    r2 = sgd(CFG, SGDConfig(seeds=2, **sc), loss=loss)
+    r2b = sgd(CFG, SGDConfig(seeds=2, **sc), loss=loss)
+    r3 = sgd(CFG, SGDConfig(seeds=3, **sc), loss=loss)
+    for x in ("w", "C", "a", "loss"):
+        np.testing.assert_array_equal(getattr(r2, x), getattr(r2b, x))
+        np.testing.assert_array_equal(getattr(r2, x), getattr(r3, x)[:2])
+    assert r2.a[0, -1] != r2.a[1, -1]
+
+
+@pytest.mark.slow
+def test_sde_sigma_subsample(loss):
+    """``sigma_sample = N`` is the default (Σ from the whole sample) bit for bit; a smaller M
+    changes the noise only (a different path, same drift: with noise = 0 identical); M > N
+    is refused naming the field."""
+    sc = dict(eta=0.1, batch=10, t1=0.3, dt=0.1, seeds=2, save_per_decade=1)
+    base = sde(CFG, SDEConfig(**sc), loss=loss)
+    full = sde(CFG, SDEConfig(sigma_sample=loss.N, **sc), loss=loss)
+    sub = sde(CFG, SDEConfig(sigma_sample=50, **sc), loss=loss)
+    for x in ("w", "C", "a", "loss"):
+        np.testing.assert_array_equal(getattr(base, x), getattr(full, x))
+    assert np.all(base.a[:, -1] != sub.a[:, -1])
+    quiet = dict(sc, noise=0.0)
+    np.testing.assert_array_equal(sde(CFG, SDEConfig(**quiet), loss=loss).a,
+                                  sde(CFG, SDEConfig(sigma_sample=50, **quiet), loss=loss).a)  # fmt: skip
+    with pytest.raises(ValueError, match=r"sde\.sigma_sample = 201 must be <="):
+        sde(CFG, SDEConfig(sigma_sample=201, **sc), loss=loss)
+    with pytest.raises(ValueError, match=r"sde\.sigma_sample must be an integer >= 0"):
+        SDEConfig(sigma_sample=-1)
+
+
+def test_method_sgd_routes_to_gflow_sgd(loss, tmp_path):
+    """``solver.method = "sgd"``: gflow.sgd takes η from solver.eta and ⌈t1/η⌉ steps (the same
+    run as the explicit SGDConfig), refuses a contradicting SGDConfig naming the fields;
+    gflow.integrate, integrate_batch and ``gflow run`` refuse it (exit 2, nothing written)
+    pointing to gflow.sgd."""
+    import gflow.cli
+
+    cfg = CFG.replace(schedule={"t1": 0.25}, solver={"method": "sgd", "eta": 0.1})
+    run = sgd(cfg, loss=loss)
+    assert run.sgd.eta == 0.1 and run.sgd.steps == 3 and run.ts[-1] == pytest.approx(0.3)
+    same = sgd(CFG, SGDConfig(eta=0.1, steps=3), loss=loss)
+    np.testing.assert_array_equal(run.a, same.a)
+    with pytest.raises(ValueError, match=r"solver\.eta = 0\.1 .* sgd\.eta = 0\.2"):
+        sgd(cfg, SGDConfig(eta=0.2, steps=3), loss=loss)
+    with pytest.raises(ValueError, match=r"run it with gflow\.sgd"):
+        gflow.integrate(cfg, loss=loss)
+    with pytest.raises(ValueError, match=r"gflow\.integrate_batch .* run it with gflow\.sgd"):
+        gflow.integrate_batch([cfg, cfg.replace(estimator={"seed": 1})])
+    p = tmp_path / "sgd.toml"
+    p.write_text('[schedule]\nkind = "joint"\n[solver]\nmethod = "sgd"\n')
+    assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert not (tmp_path / "out").exists()
