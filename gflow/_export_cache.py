@@ -114,7 +114,11 @@ def call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
             _NOT_EXPORTABLE.add(key)
             return fn(*args, **kwargs)
         _LOADED[key] = exp
-    out = exp.call(*leaves)
+    # committed to the one device: a freshly made array is uncommitted and an output of a
+    # previous call committed, and the call's compiled program is keyed by that too (without
+    # this, every stage compiled its program twice)
+    dev = jax.devices()[0]
+    out = exp.call(*[jax.device_put(x, dev) for x in leaves])
     if result_at is not None:
         out = tuple(_result_item(x) if i == result_at else x for i, x in enumerate(out))
     return out

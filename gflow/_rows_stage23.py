@@ -9,6 +9,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from . import _export_cache
 from ._check_base import (
     _EVENT_SLACK,
     _away,
@@ -170,8 +171,11 @@ class _S3:
         self.a_gih = self.a_lam = None
         if not ctx.joint:
             ts, a0 = jnp.asarray(self.tau, jnp.float64), jnp.asarray(self.a_start, jnp.float64)
-            self.a_gih = np.asarray(_gih_ode(self.gih, a0, jnp.asarray(1.0), jnp.asarray(self.eta_a), ts))
-            self.a_lam = np.asarray(_gih_ode(self.gih, a0, jnp.asarray(self.lam_end), jnp.asarray(self.eta_a), ts))
+            def ode(lam):  # through the command line's cache of traced programs (a diffeqsolve: ~1 s to trace)
+                args = (self.gih, a0, jnp.asarray(lam, jnp.float64), jnp.asarray(self.eta_a, jnp.float64), ts)
+                return np.asarray(_export_cache.call(_gih_ode, args, {}))
+
+            self.a_gih, self.a_lam = ode(1.0), ode(self.lam_end)
         self.joint_why = "joint schedule: the Stage III law is the staged flow's" if ctx.joint else None
 
 
