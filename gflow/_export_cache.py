@@ -12,7 +12,7 @@ Only the command line turns it on (:func:`enable`, from ``gflow.cli``); importin
 changes nothing. A program is looked up by a hash of everything that determines it:
 the structure and static fields of the arguments (``str`` of their tree definition),
 the shapes and dtypes of their arrays, the static keywords, JAX's x64 flag, equinox's
-error mode, the versions of jax, jaxlib, diffrax, equinox and optimistix, and the
+error mode, the versions of gflow, jax, jaxlib, diffrax, equinox, optimistix and numpy, and the
 source of every gflow module. Anything that cannot be exported (a host callback: the
 progress meter, the host evaluation counter; several devices) is called the ordinary
 way; a failure to read or write the cache only costs the trace.
@@ -21,7 +21,6 @@ way; a failure to read or write the cache only costs the trace.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import os
 import re
 from pathlib import Path
@@ -29,6 +28,8 @@ from pathlib import Path
 import diffrax
 import equinox as eqx
 import jax
+
+from ._io import versions
 
 _DIR: Path | None = None
 _NOT_EXPORTABLE: set[str] = set()
@@ -58,16 +59,6 @@ def _source_hash() -> str:
     return _SOURCE_HASH
 
 
-def _versions() -> str:
-    out = []
-    for pkg in ("jax", "jaxlib", "diffrax", "equinox", "optimistix"):
-        try:
-            out.append(f"{pkg}={importlib.metadata.version(pkg)}")
-        except importlib.metadata.PackageNotFoundError:
-            out.append(f"{pkg}=?")
-    return ",".join(out)
-
-
 def _key(name: str, treedef, leaves, static) -> str:
     from equinox import _errors
 
@@ -78,7 +69,7 @@ def _key(name: str, treedef, leaves, static) -> str:
         repr(jax.tree.flatten(static)),
         str(jax.config.jax_enable_x64),
         str(getattr(_errors, "EQX_ON_ERROR", "?")),
-        _versions(),
+        repr(sorted(versions().items())),
         _source_hash(),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]

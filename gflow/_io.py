@@ -4,6 +4,7 @@ theory, plot, replicates and phase)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -84,3 +85,14 @@ def remove_temporaries(folder: str | Path, *names: str) -> None:
 def atomic_write_json(path: str | Path, obj, *, indent: int = 1) -> None:
     """:func:`atomic_write_text` of ``json.dumps(jsonable(obj))`` (UTF-8, not ASCII-escaped)."""
     atomic_write_text(path, json.dumps(jsonable(obj), indent=indent, ensure_ascii=False))
+
+
+def versions() -> dict[str, str]:
+    """The installed versions of gflow and of the packages its results depend on."""
+    out = {}
+    for pkg in ("gflow", "jax", "jaxlib", "diffrax", "equinox", "optimistix", "numpy"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out

@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 EXIT_OK = 0
@@ -154,7 +155,7 @@ def _cmd_phase(args) -> int:
     return EXIT_OK
 
 
-def _enable_compilation_cache() -> None:
+def _enable_compilation_cache() -> Callable[[], None]:
     """JAX's persistent compilation cache for the command line: a second
     ``gflow run`` of the same shapes skips XLA compilation. ``GFLOW_CACHE``
     names the folder (default ``~/.cache/gflow/xla``); ``GFLOW_CACHE=none``
@@ -171,33 +172,44 @@ def _enable_compilation_cache() -> None:
     returns NaN instead of raising, which gflow's drivers report as a
     non-finite state (a failed stage, the partial trajectory kept). gflow builds
     these inputs itself (increasing save grids inside each solve), so the checks
-    cannot fail. Importing gflow changes nothing of this: only ``gflow`` on the
-    command line does it.
+    cannot fail. Importing gflow changes nothing of this, and :func:`main` undoes
+    it when it returns (the returned function restores every setting; programs
+    traced meanwhile stay in JAX's in-memory caches).
     """
     import jax
+    from equinox import _errors
+
+    from . import _export_cache
+
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {k: getattr(jax.config, k) for k in keys}
+    eqx_before = getattr(_errors, "EQX_ON_ERROR", None)
+
+    def restore() -> None:
+        for k, v in before.items():
+            jax.config.update(k, v)
+        _export_cache.disable()
+        if eqx_before is not None:
+            _errors.EQX_ON_ERROR = eqx_before
 
     where = os.environ.get("GFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow", "xla"))
     if where.lower() == "none":
-        return
+        return restore
     jax.config.update("jax_compilation_cache_dir", where)
     # JAX caches only compilations that took ≥ 1 s by default; a run compiles ~120 small
     # programs of 20–200 ms each (the theory, the checks, the loss at saved states), which
     # together cost ~10 s of a warm start. Cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    from . import _export_cache
-
     _export_cache.enable(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
-    if "EQX_ON_ERROR" not in os.environ:
-        from equinox import _errors
-
-        if getattr(_errors, "EQX_ON_ERROR", None) == "raise":
-            _errors.EQX_ON_ERROR = "nan"
+    if "EQX_ON_ERROR" not in os.environ and eqx_before == "raise":
+        _errors.EQX_ON_ERROR = "nan"
+    return restore
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; returns its exit code (module docstring). Usage errors exit 2 (argparse)."""
     args = _parser().parse_args(argv)
-    _enable_compilation_cache()
+    restore = _enable_compilation_cache()
     try:
         return _dispatch(args)
     except (ValueError, FileNotFoundError) as e:
@@ -208,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         tail = f"; the run saved in {where!r} is marked 'interrupted': continue it with --resume" if where else ""
         print(f"gflow {args.cmd}: interrupted{tail}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        restore()
 
 
 def _dispatch(args) -> int:

@@ -21,7 +21,6 @@ be resumed.
 
 from __future__ import annotations
 
-import importlib.metadata
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _export_cache
-from ._io import STAGE_CODES
+from ._io import STAGE_CODES, versions
 from ._solve import (
     _COUNTS,
     _event_coordinates,
@@ -70,16 +69,6 @@ class FlowError(RuntimeError):
         self.t = t
         self.trajectory = trajectory
         self.out = out
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("gflow", "jax", "jaxlib", "diffrax", "equinox", "optimistix", "numpy"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
 
 
 # ---------------------------------------------------------------------------

@@ -77,3 +77,21 @@ def test_export_cache_key_and_fallback(cli_mode):
     assert len(list(cli_mode.glob("*.jaxexport"))) == 1
     np.testing.assert_array_equal(_export_cache.call(g, (x3,), {}), 2 * np.ones(3))
     assert len(list(cli_mode.glob("*.jaxexport"))) == 1
+
+
+def test_cli_main_restores_what_it_set(tmp_path, monkeypatch):
+    """`gflow` in-process (gflow.cli.main) sets the compilation cache, equinox's "nan" mode
+    and the export cache for its own work and restores all of them when it returns."""
+    from gflow.cli import main
+
+    monkeypatch.setenv("GFLOW_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("EQX_ON_ERROR", raising=False)
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {k: getattr(jax.config, k) for k in keys}
+    seen = {}
+    monkeypatch.setattr("gflow.cli._dispatch", lambda args: seen.update(
+        eqx=_errors.EQX_ON_ERROR, dir=_export_cache._DIR, cache=jax.config.jax_compilation_cache_dir) or 0)  # fmt: skip
+    assert main(["check", str(tmp_path)]) == 0
+    assert seen == {"eqx": "nan", "dir": tmp_path / "cache" / "export", "cache": str(tmp_path / "cache")}
+    assert {k: getattr(jax.config, k) for k in keys} == before
+    assert _errors.EQX_ON_ERROR == "raise" and _export_cache._DIR is None
