@@ -86,7 +86,6 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
     w, C = jnp.asarray(w, dt), jnp.asarray(C, dt)
     f = lambda x: float(_model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
     df = lambda x: float(_model_dforce(loss, w, C, jnp.asarray(x, dt)))
-    _bisect = lambda f_, lo, hi, flo: _bracketed_root(f_, df, lo, hi, flo)  # noqa: E731
     f0 = f(a_from)
     if f0 > 0:
         n = max(int(math.ceil((a_max - a_from) / spacing)), 1)
@@ -96,14 +95,14 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
         if down.size == 0:
             return None
         j = int(down[0])
-        return _bisect(f, float(grid[j]), float(grid[j + 1]), float(F[j]))
+        return _bracketed_root(f, df, float(grid[j]), float(grid[j + 1]), float(F[j]))
     if f0 == 0:
         return float(a_from)
     lo, step = float(a_from), spacing  # F(a_from) < 0: the flow moves down to the zero below
     while lo - step > -a_max:
         flo = f(lo - step)
         if flo > 0:
-            return _bisect(f, lo - step, lo, flo)
+            return _bracketed_root(f, df, lo - step, lo, flo)
         lo, step = lo - step, 2.0 * step
     return None
 

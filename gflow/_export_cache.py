@@ -34,7 +34,7 @@ from ._io import versions
 _DIR: Path | None = None
 _NOT_EXPORTABLE: set[str] = set()
 _LOADED: dict[str, object] = {}
-_SOURCE_HASH: str | None = None
+_FINGERPRINT: str | None = None
 
 
 def enable(folder: str | os.PathLike) -> None:
@@ -48,15 +48,17 @@ def disable() -> None:
     _DIR = None
 
 
-def _source_hash() -> str:
-    global _SOURCE_HASH
-    if _SOURCE_HASH is None:
-        h = hashlib.sha256()
+def _fingerprint() -> str:
+    """What every key shares, computed once per process: the installed versions and a
+    hash of gflow's source."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        h = hashlib.sha256(repr(sorted(versions().items())).encode())
         for p in sorted(Path(__file__).parent.glob("*.py")):
             h.update(p.name.encode())
             h.update(p.read_bytes())
-        _SOURCE_HASH = h.hexdigest()
-    return _SOURCE_HASH
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
 
 
 def _key(name: str, treedef, leaves, static) -> str:
@@ -69,8 +71,7 @@ def _key(name: str, treedef, leaves, static) -> str:
         repr(jax.tree.flatten(static)),
         str(jax.config.jax_enable_x64),
         str(getattr(_errors, "EQX_ON_ERROR", "?")),
-        repr(sorted(versions().items())),
-        _source_hash(),
+        _fingerprint(),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 

@@ -30,6 +30,13 @@ def load_str() -> str:
     return f"load avg {a:.2f} / {b:.2f} / {c:.2f} (1/5/15 min) on {os.cpu_count()} cores"
 
 
+def print_versions(part: dict) -> None:
+    """The versions line of a benchmark's child-process report (``part["versions"]``)."""
+    v = part["versions"]
+    print(f"   gflow {v['gflow']}, jax {v['jax']}, diffrax {v['diffrax']}, equinox {v['equinox']}, "
+          f"backend {part['backend']}, float64")  # fmt: skip
+
+
 def base_config(N: int, L: int):
     """The paper's default configuration with N sequences and context length L."""
     import gflow

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 
-from _bench import base_config, json_default, load_str, median_s, print, progress, rss_mb
+from _bench import base_config, json_default, load_str, median_s, print, print_versions, progress, rss_mb
 
 # A default run must finish in about a minute on a 2-core laptop, compilation included,
 # so that a theorist can iterate on configurations interactively.
@@ -189,9 +189,7 @@ def main(argv=None) -> dict:
     print(f"   {load_str()}")
     with tempfile.TemporaryDirectory(prefix="bench_flow_") as tmp:
         part1 = run_child(args.N, args.L, tmp)
-    v = part1["versions"]
-    print(f"   gflow {v['gflow']}, jax {v['jax']}, diffrax {v['diffrax']}, equinox {v['equinox']}, "
-          f"backend {part1['backend']}, float64")  # fmt: skip
+    print_versions(part1)
     print_part1(part1)
     if args.json:
         print(json.dumps(dict(args=vars(args), part1=part1, load_end=os.getloadavg()), default=json_default))

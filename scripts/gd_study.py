@@ -83,7 +83,7 @@ import os
 import tempfile
 import time
 
-from _bench import base_config, json_default, load_str, print, progress
+from _bench import base_config, json_default, load_str, print, print_versions, progress
 from bench_flow import print_part1, run_child
 
 # An adaptive solver should beat fixed-step GD by two orders of magnitude in gradient
@@ -554,9 +554,7 @@ def main(argv=None) -> None:
     print(f"   {load_str()}")
     with tempfile.TemporaryDirectory(prefix="gd_study_") as tmp:
         part1 = run_child(args.N, args.L, tmp)
-        v = part1["versions"]
-        print(f"   gflow {v['gflow']}, jax {v['jax']}, diffrax {v['diffrax']}, equinox {v['equinox']}, "
-              f"backend {part1['backend']}, float64")  # fmt: skip
+        print_versions(part1)
         print_part1(part1)
 
         import gflow  # only now: the parent's JAX must not compete with the timed subprocess
