@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from . import _rng
+
 _STARTS = ("stationary", "uniform")
 
 
@@ -366,8 +368,8 @@ def _log_gamma_mt(key, alpha, n: int, dtype):
 
     def propose(k):
         kx, ku = jax.random.split(k)
-        x = jax.random.normal(kx, (P,), dtype)
-        u = jax.random.uniform(ku, (P,), dtype)
+        x = _rng.normal(kx, (P,), dtype)
+        u = _rng.uniform(ku, (P,), dtype)
         v = 1.0 + c * x
         v3 = v * v * v
         lv3 = jnp.log(jnp.where(v > 0, v3, 1.0))
@@ -376,7 +378,7 @@ def _log_gamma_mt(key, alpha, n: int, dtype):
 
     kloop, kboost = jax.random.split(key)
     val = _compact(kloop, n, propose, dtype)
-    boost = jnp.log1p(-jax.random.uniform(kboost, (n,), dtype)) / alpha  # U ∈ (0, 1]
+    boost = jnp.log1p(-_rng.uniform(kboost, (n,), dtype)) / alpha  # U ∈ (0, 1]
     return val + jnp.where(alpha < 1, boost, 0.0)
 
 
@@ -417,13 +419,22 @@ def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
     - the start: as :func:`sample` (``"uniform"``: i.i.d. uniform tokens;
       ``"stationary"``: the window chain's exact stationary law per π), then ``burn_in``.
     """
+    tokens, zq, cond, pi = sample_fast_time_major(cfg, N, key, dtype)
+    X = tokens[: cfg.L].T  # (N, L)
+    return Sample(X=X, y=tokens[cfg.L], zq=zq, cond=cond, pi=pi)
+
+
+def sample_fast_time_major(cfg: DataConfig, N: int, key, dtype=jnp.float64):
+    """:func:`sample_fast`'s draw (the same key gives the same sequences) in the layout its
+    sampler produces: ``(tokens, zq, cond, pi)`` with ``tokens`` ``(L+1, N)`` holding
+    ``x_1..x_{L+1}`` position-major (no transpose; online SGD counts windows from it)."""
     d, m, k = cfg.d, cfg.m, cfg.k
     kpi, kstart, kchain = jax.random.split(key, 3)
     pi = _dirichlet_fast(cfg, N, kpi, dtype)
     if cfg.start == "stationary":
         mu = jax.vmap(lambda p: stationary_window(p, cfg))(pi)
         cmu = jnp.cumsum(mu, -1)[:, :-1]
-        u0 = jax.random.uniform(kstart, (N, 1), dtype)
+        u0 = _rng.uniform(kstart, (N, 1), dtype)
         code = jnp.sum(u0 >= cmu, -1)
         win0 = (code[:, None] // (d ** np.arange(m - 1, -1, -1))[None, :]) % d
     else:
@@ -432,7 +443,7 @@ def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
     n_steps = cfg.burn_in + cfg.L + 1 - m
     F = jnp.cumsum(pi, -1)[..., :-1].reshape(N * d**k, d - 1)  # (N·K, d-1)
     zw = jnp.asarray(d ** np.arange(k - 1, -1, -1), jnp.int32)
-    U = jax.random.uniform(kchain, (n_steps, N), dtype)
+    U = _rng.uniform(kchain, (n_steps, N), dtype)
     base = jnp.arange(N, dtype=jnp.int32) * d**k
     w0 = (win0 * jnp.asarray(d ** np.arange(m - 1, -1, -1), jnp.int32)).sum(-1)  # window code
 
@@ -442,9 +453,7 @@ def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
         x = jnp.sum(u[:, None] >= F[base + z], -1).astype(jnp.int32)
         return (w % d ** (m - 1)) * d + x if m > 1 else x, x
 
-    _, xs = jax.lax.scan(step, w0, U, unroll=4)
-    full = jnp.concatenate([win0, xs.T], axis=1)[:, cfg.burn_in :]  # (N, L+1)
-    rows = jnp.arange(N)
-    X, y = full[:, : cfg.L], full[:, cfg.L]
-    zq = (full[:, [cfg.L - p for p in cfg.parents]] * zw).sum(-1)
-    return Sample(X=X, y=y, zq=zq, cond=pi[rows, zq], pi=pi)
+    _, xs = jax.lax.scan(step, w0, U)  # (n_steps, N); one iteration a position (unrolling was slower)
+    tokens = jnp.concatenate([win0.T, xs], axis=0)[cfg.burn_in :]  # (L+1, N)
+    zq = sum(tokens[cfg.L - p] * zw[j] for j, p in enumerate(cfg.parents))
+    return tokens, zq, pi[jnp.arange(N), zq], pi

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .config import Config
-from .data import sample_fast
+from .data import Sample, sample_fast_time_major
 from .loss import PopulationLoss, make_loss, resolve_layout
 from .model import CountFeatures, Params, features, init_params, window_code_count
 
@@ -117,33 +117,43 @@ def _count_features_flat(X, cond, model, dtype) -> CountFeatures:
     """:func:`gflow.model.features` with ``layout="counts"`` for a batch ``X`` ``(n, L)``, as
     one flat scatter-add of the n·L (token, window) pairs instead of a vmapped scatter per
     sequence (identical integers; several times faster at n = 10³–10⁴; tested equal)."""
-    n, L = X.shape
+    return _counts(X.T, X.shape[1], X.shape[0], cond, model, dtype)
+
+
+def _counts(Xt, L: int, n: int, cond, model, dtype) -> CountFeatures:
+    """The counts from the inputs position-major, ``Xt`` ``(L, n)`` or ``(L+1, n)`` (a last
+    row, the targets, is not read), as the fresh sampler draws them: the counts are
+    integers, so the order of the additions does not change them."""
     d = cond.shape[-1]
     S = model.span
     K = window_code_count(d, S)
-    Xp = jnp.concatenate([jnp.full((n, S), d, X.dtype), X], axis=1)  # x_j at column S + j − 1
+    X = Xt[:L]
+    Xp = jnp.concatenate([jnp.full((S, n), d, X.dtype), X], axis=0)  # x_j at row S + j − 1
     # window of l = 1..L+1: (x_{l−1}, …, x_{l−S}), offset 1 most significant, padding d
-    codes = sum(Xp[:, S - i : S - i + L + 1] * (d + 1) ** (S - i) for i in range(1, S + 1))
-    idx = (jnp.arange(n, dtype=X.dtype)[:, None] * (d * K) + X * K + codes[:, :L]).reshape(-1)
+    codes = sum(Xp[S - i : S - i + L + 1] * (d + 1) ** (S - i) for i in range(1, S + 1))  # (L+1, n)
+    idx = (jnp.arange(n, dtype=X.dtype)[None, :] * (d * K) + X * K + codes[:L]).reshape(-1)
     counts = jnp.zeros(n * d * K, dtype).at[idx].add(1.0).reshape(n, d, K)
-    return CountFeatures(qcode=codes[:, L], counts=counts, cond=cond.astype(dtype))
+    return CountFeatures(qcode=codes[L], counts=counts, cond=cond.astype(dtype))
 
 
 def _fresh_features(cfg: Config, keys, B: int):
     """Features of B fresh sequences for every seed (``keys`` ``(R,)``, one key a seed
     and step): each seed's sequences from its own key (so seed r's batches do not depend
     on R), the features computed on the R·B sequences at once; leaves ``(R, B, ...)``."""
-    smp = jax.vmap(lambda key: sample_fast(cfg.data, B, key, jnp.float64))(keys)
+    L = cfg.data.L
+    tokens, zq, cond, pi = jax.vmap(lambda key: sample_fast_time_major(cfg.data, B, key, jnp.float64))(keys)
     R = keys.shape[0]
-    flat = jax.tree.map(lambda x: x.reshape((R * B,) + x.shape[2:]), smp)
+    tokens = jnp.moveaxis(tokens, 0, 1).reshape(L + 1, R * B)  # (L+1, R·B), seed-major columns
+    cond = cond.reshape(R * B, -1)
     if cfg.estimator.target == "drawn":  # the sampled x_{L+1}, as make_loss does
-        flat = eqx.tree_at(lambda s: s.cond, flat, jax.nn.one_hot(flat.y, cfg.data.d, dtype=flat.cond.dtype))
+        cond = jax.nn.one_hot(tokens[L], cfg.data.d, dtype=cond.dtype)
     layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model.span)
     dtype = cfg.estimator.jdtype
     if layout == "counts":
-        feats = _count_features_flat(flat.X, flat.cond, cfg.model, dtype)
+        feats = _counts(tokens, L, R * B, cond, cfg.model, dtype)
     else:
-        feats = features(flat, cfg.model, layout=layout, dtype=dtype)
+        smp = Sample(X=tokens[:L].T, y=tokens[L], zq=zq.reshape(-1), cond=cond, pi=pi.reshape((R * B,) + pi.shape[2:]))
+        feats = features(smp, cfg.model, layout=layout, dtype=dtype)
     return jax.tree.map(lambda x: x.reshape((R, B) + x.shape[1:]), feats)
 
 

@@ -225,6 +225,37 @@ def test_fresh_count_features_equal_the_loss_features():
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("est", [{}, {"layout": "positions"}, {"target": "drawn"}])
+def test_fresh_batch_features_are_each_seeds_sample(est):
+    """SGD's fresh batch for R = 2 seeds (drawn position-major, counted for both seeds in one
+    scatter) is, seed by seed, exactly ``features(sample_fast(key_r))``; with target "drawn"
+    the target is the one-hot sampled x_{L+1}; ``sample_fast_time_major`` is the same draw
+    as ``sample_fast`` in its own layout."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from gflow.data import sample_fast, sample_fast_time_major
+    from gflow.loss import resolve_layout
+    from gflow.model import features
+    from gflow.sgd import _fresh_features
+
+    cfg = CFG.replace(data={"L": 20}, estimator=est)
+    keys = jax.random.split(jax.random.key(4), 2)
+    got = _fresh_features(cfg, keys, 30)
+    layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model.span)
+    for r in range(2):
+        s = sample_fast(cfg.data, 30, keys[r])
+        tokens, zq, cond, pi = sample_fast_time_major(cfg.data, 30, keys[r])
+        np.testing.assert_array_equal(np.asarray(tokens[:20].T), np.asarray(s.X))
+        np.testing.assert_array_equal(np.asarray(tokens[20]), np.asarray(s.y))
+        if cfg.estimator.target == "drawn":
+            s = eqx.tree_at(lambda t: t.cond, s, jax.nn.one_hot(s.y, 3, dtype=s.cond.dtype))
+        want = features(s, cfg.model, layout=layout, dtype=jnp.float64)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a[r]), np.asarray(b))
+
+
 @pytest.mark.slow
 def test_fresh_sgd_is_deterministic(loss):
     """Online SGD (fresh sequences): the same seed gives the same trajectory bit for bit,
