@@ -50,6 +50,7 @@ from .loss import PopulationLoss, make_loss, resolve_layout
 from .model import CountFeatures, Params, features, init_params, window_code_count
 
 _SAMPLINGS = ("fresh", "fixed", "replace")
+_SHARDS = ("none", "seeds", "batch")
 
 
 class SGDConfig(eqx.Module):
@@ -63,6 +64,15 @@ class SGDConfig(eqx.Module):
     - `sampling`: ``"fresh"`` (default), ``"fixed"`` or ``"replace"`` (see the module docstring).
     - `save_per_decade`: saved steps per decade of k (a log grid from k = 1, plus k = 0
       and k = K), default 12.
+    - `shard`: how the work is split over the devices ``jax.devices()`` (on a CPU, one
+      device a core with ``XLA_FLAGS=--xla_force_host_platform_device_count=D`` set
+      before JAX starts): ``"none"`` (default: one device), ``"seeds"`` (each device runs
+      R/D of the seeds; every seed's trajectory is the one ``"none"`` gives; R must be a
+      multiple of D) or ``"batch"`` (``sampling="fresh"`` only: each device draws B/D of
+      every seed's sequences, device j from ``fold_in(key, j)`` of the step's key, and the
+      gradients are averaged over the devices; the same law as ``"none"``, another
+      random stream; B must be a multiple of D). ``"batch"`` is how one seed uses
+      several cores: XLA runs a step of B = 1000 on one core.
     """
 
     eta: float = eqx.field(static=True, default=0.1)
@@ -72,6 +82,7 @@ class SGDConfig(eqx.Module):
     seed: int = eqx.field(static=True, default=0)
     sampling: Literal["fresh", "fixed", "replace"] = eqx.field(static=True, default="fresh")
     save_per_decade: int = eqx.field(static=True, default=12)
+    shard: Literal["none", "seeds", "batch"] = eqx.field(static=True, default="none")
 
     def __check_init__(self):
         if not (isinstance(self.eta, (int, float)) and np.isfinite(self.eta) and self.eta > 0):
@@ -84,6 +95,11 @@ class SGDConfig(eqx.Module):
             raise ValueError(f"sgd.seed must be an integer >= 0, got {self.seed!r}")
         if self.sampling not in _SAMPLINGS:
             raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
+        if self.shard not in _SHARDS:
+            raise ValueError(f"sgd.shard must be one of {_SHARDS}, got {self.shard!r}")
+        if self.shard == "batch" and self.sampling != "fresh":
+            raise ValueError(f"sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh', "
+                             f"got {self.sampling!r} (use sgd.shard = 'seeds')")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -164,6 +180,7 @@ class _Stepper(eqx.Module):
     scale: Params
     cfg: Config = eqx.field(static=True)
     sc: SGDConfig = eqx.field(static=True)
+    devices: int = eqx.field(static=True, default=1)  # D, the devices sgd.shard splits over
 
     def batch_feats(self, keys, k):
         """The k-th batch's features of every seed (leaves ``(R, B, ...)``)."""
@@ -183,17 +200,47 @@ class _Stepper(eqx.Module):
         return jax.vmap(one)(keys)
 
     def __call__(self, P: Params, keys, k) -> Params:
-        feats = self.batch_feats(keys, k)
-        G = jax.vmap(lambda p, f: eqx.tree_at(lambda m: m.feats, self.loss, f).grad(p))(P, feats)
+        grad = jax.vmap(lambda p, f: eqx.tree_at(lambda m: m.feats, self.loss, f).grad(p))
+        if self.sc.shard == "batch":  # inside shard_map: this device's B/D sequences of every seed
+            j = jax.lax.axis_index(_AXIS)
+            keys_k = jax.vmap(lambda key: jax.random.fold_in(jax.random.fold_in(key, k), j))(keys)
+            G = jax.lax.pmean(grad(P, _fresh_features(self.cfg, keys_k, self.sc.batch // self.devices)), _AXIS)
+        else:
+            G = grad(P, self.batch_feats(keys, k))
         eta = self.sc.eta
         return jax.tree.map(lambda x, s, gx: x - eta * s * gx, P, self.scale, G)
 
 
-@eqx.filter_jit
+_AXIS = "devices"
+
+
+def _loop(stepper: _Stepper, P: Params, keys, k0, k1):
+    return jax.lax.fori_loop(k0, k1, lambda k, P: stepper(P, keys, k), P)
+
+
+# XLA:CPU hands reductions to the YNNPACK library by default; on this step's small
+# reductions (over 64 windows, 3 tokens) its own loops are faster: 2.97 → 2.60 ms a step
+# (scripts/bench_joint.py --part sgd). A compile option of these programs only.
+_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@eqx.filter_jit(compiler_options=_COMPILER_OPTIONS)
 def _advance(stepper: _Stepper, P: Params, keys, k0, k1):
     """Steps ``k0 .. k1−1`` of every seed (leading axis of ``P`` and ``keys``), fused in one
-    ``fori_loop`` (no dispatch per step)."""
-    return jax.lax.fori_loop(k0, k1, lambda k, P: stepper(P, keys, k), P)
+    ``fori_loop`` (no dispatch per step); with ``sgd.shard``, one loop per device
+    (``shard_map``): the seeds split over the devices, or every batch."""
+    if stepper.sc.shard == "none":
+        return _loop(stepper, P, keys, k0, k1)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[: stepper.devices]), (_AXIS,))
+    rep, split = jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec(_AXIS)
+    spec = split if stepper.sc.shard == "seeds" else rep
+    fn = jax.shard_map(_loop, mesh=mesh, in_specs=(rep, spec, spec, rep, rep), out_specs=spec, check_vma=False)
+    return fn(stepper, P, keys, k0, k1)
+
+
+def _make_stepper(cfg: Config, sc: SGDConfig, loss: PopulationLoss) -> _Stepper:
+    D = jax.device_count() if sc.shard != "none" else 1
+    return _Stepper(loss=loss, scale=_scale(cfg, cfg.estimator.jdtype), cfg=cfg, sc=sc, devices=D)
 
 
 @eqx.filter_jit
@@ -215,7 +262,13 @@ def _check(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None):
     if sc.sampling == "fixed" and sc.batch > N:
         raise ValueError(f"sgd.batch = {sc.batch} must be <= estimator.N = {N} for sampling='fixed'")
     if cfg.estimator.shard or cfg.estimator.chunk:
-        raise ValueError("SGD does not support estimator.shard or estimator.chunk (batches are small)")
+        raise ValueError("SGD does not support estimator.shard or estimator.chunk (batches are small; "
+                         "sgd.shard splits SGD's work over the devices)")  # fmt: skip
+    D = jax.device_count()
+    if sc.shard == "seeds" and sc.seeds % D:
+        raise ValueError(f"sgd.shard = 'seeds' needs sgd.seeds a multiple of the {D} devices, got {sc.seeds}")
+    if sc.shard == "batch" and sc.batch % D:
+        raise ValueError(f"sgd.shard = 'batch' needs sgd.batch a multiple of the {D} devices, got {sc.batch}")
 
 
 def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, params0: Params | None = None):
@@ -225,7 +278,7 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     _check(cfg, sc, loss)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    stepper = _Stepper(loss=loss, scale=_scale(cfg, dtype), cfg=cfg, sc=sc)
+    stepper = _make_stepper(cfg, sc, loss)
     p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, dtype=dtype)
     P = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (sc.seeds,) + jnp.shape(x)), p0)
     base = jax.random.key(sc.seed)
@@ -278,7 +331,7 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     _, (P, keys, _) = _sgd_runner(cfg, sc, loss, params0)
-    stepper = _Stepper(loss=loss, scale=_scale(cfg, cfg.estimator.jdtype), cfg=cfg, sc=sc)
+    stepper = _make_stepper(cfg, sc, loss)
     ks = _save_steps(sc.steps, sc.save_per_decade)
     saved = [P]
     for k0, k1 in itertools.pairwise(ks):

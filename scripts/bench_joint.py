@@ -116,32 +116,50 @@ def _resume(tr, cfg, loss):
 
 
 def part_sgd(args):
+    """One device in this process; ``--devices D`` (D > 1) re-runs this part in a child
+    process with D forced host devices (the flag must be set before JAX starts)."""
+    if args.devices > 1 and not args.child:
+        import subprocess
+        import sys
+
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}").strip()
+        cmd = [sys.executable, __file__, "--part", "sgd", "--child", "--devices", str(args.devices),
+               "--batch", str(args.batch), "--reps", str(args.reps), "--fuse", str(args.fuse)]  # fmt: skip
+        subprocess.run(cmd, env=env, check=True)
+        return
     import jax
     import jax.numpy as jnp
 
-    from gflow.sgd import SGDConfig, _advance, _scale, _sgd_runner, _Stepper
+    from gflow.sgd import SGDConfig, _advance, _make_stepper, _sgd_runner
 
     cfg = published().replace(data={"L": 100}, estimator={"N": args.batch})
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)  # only a template for "fresh"
     K = args.fuse
+    D = jax.device_count()
     med = {}
-    for R in (1, 8):
-        sc = SGDConfig(eta=0.1, batch=args.batch, steps=1, seeds=R)
+    cpu = {}
+    for R, shard in ((1, "none" if D == 1 else "batch"), (8, "none" if D == 1 else "seeds")):
+        sc = SGDConfig(eta=0.1, batch=args.batch, steps=1, seeds=R, shard=shard)
         _, (P, keys, _) = _sgd_runner(cfg, sc, loss)
-        st = _Stepper(loss=loss, scale=_scale(cfg, jnp.float64), cfg=cfg, sc=sc)
+        st = _make_stepper(cfg, sc, loss)
         k = 0
         jax.block_until_ready(_advance(st, P, keys, jnp.asarray(k), jnp.asarray(k + K)))  # compile
         times = []
+        c0 = os.times()
         for _ in range(args.reps):
             t0 = time.perf_counter()
             P = jax.block_until_ready(_advance(st, P, keys, jnp.asarray(k), jnp.asarray(k + K)))
             times.append((time.perf_counter() - t0) / K)
             k += K
+        c1 = os.times()
         med[R] = (np.min(times), np.median(times))
-        print(f"SGD step, B = {args.batch}, R = {R} (fresh sequences; {K} steps fused per call): "
-              f"min {1e3 * np.min(times):.3f} ms, median {1e3 * np.median(times):.3f} ms a step "
-              f"over {args.reps} calls; load average {os.getloadavg()}")  # fmt: skip
-    print(f"R = 8 / R = 1: {med[8][0] / med[1][0]:.2f}× (min), {med[8][1] / med[1][1]:.2f}× (median)")
+        cpu[R] = (c1.user - c0.user + c1.system - c0.system) / (K * np.sum(times))
+        print(f"SGD step, B = {args.batch}, R = {R}, {D} device(s), sgd.shard = {shard!r} (fresh sequences; "
+              f"{K} steps fused per call): min {1e3 * np.min(times):.3f} ms, median {1e3 * np.median(times):.3f} ms "
+              f"a step over {args.reps} calls; process CPU time / wall time {cpu[R]:.2f}; "
+              f"load average {os.getloadavg()}")  # fmt: skip
+    print(f"{D} device(s): R = 8 / R = 1: {med[8][0] / med[1][0]:.2f}× (min), {med[8][1] / med[1][1]:.2f}× (median)")
 
 
 def main():
@@ -154,11 +172,17 @@ def main():
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=30, help="timed calls of the SGD part")
     ap.add_argument("--fuse", type=int, default=20, help="SGD steps fused in one call (one fori_loop)")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="SGD part: also time D forced host devices (sgd.shard: 'batch' for R = 1, 'seeds' for R = 8)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part in ("flow", "all"):
         part_flow(args)
     if args.part in ("sgd", "all"):
-        part_sgd(args)
+        if not args.child:
+            part_sgd(argparse.Namespace(**{**vars(args), "devices": 1}))
+        if args.devices > 1:
+            part_sgd(args)
 
 
 if __name__ == "__main__":

@@ -314,3 +314,86 @@ def test_method_sgd_routes_to_gflow_sgd(loss, tmp_path):
     p.write_text('[schedule]\nkind = "joint"\n[solver]\nmethod = "sgd"\n')
     assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert not (tmp_path / "out").exists()
+
+
+# -- sgd.shard: the work split over devices ----------------------------------------------------
+
+_SHARD_CHILD = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, equinox as eqx
+jax.config.update("jax_enable_x64", True)
+import gflow
+from gflow.model import init_params
+from gflow.sgd import SGDConfig, _fresh_features, _scale, sgd
+
+cfg = gflow.config.from_dict(json.loads(sys.argv[1]))
+loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+out = {"devices": jax.device_count(), "seeds": {}}
+base = dict(eta=0.2, batch=100, steps=4, seeds=4, save_per_decade=1)
+for sampling in ("fresh", "replace"):
+    b = dict(base, sampling=sampling)
+    r0, r1 = sgd(cfg, SGDConfig(**b), loss=loss), sgd(cfg, SGDConfig(shard="seeds", **b), loss=loss)
+    out["seeds"][sampling] = max(float(np.max(np.abs(getattr(r0, f) - getattr(r1, f)))) for f in ("w", "C", "a", "loss"))
+rb = sgd(cfg, SGDConfig(shard="batch", **dict(base, steps=1, seeds=2)), loss=loss)
+# by hand, on one device: the mean of device j's gradient on its 50 sequences from fold_in(step key, j)
+P0 = init_params(cfg.model, cfg.init)
+keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(0), r))(jnp.arange(2))
+Gs = []
+for j in range(2):
+    ks = jax.vmap(lambda kk: jax.random.fold_in(jax.random.fold_in(kk, 0), j))(keys)
+    F = jax.jit(lambda ks: _fresh_features(cfg, ks, 50))(ks)
+    Gs.append(jax.vmap(lambda f: eqx.tree_at(lambda m: m.feats, loss, f).grad(P0))(F))
+G = jax.tree.map(lambda a, b: (a + b) / 2, *Gs)
+P1 = jax.tree.map(lambda x, s, g: x - 0.2 * s * g, P0, _scale(cfg, jnp.float64), G)
+out["batch"] = max(float(np.max(np.abs(np.asarray(getattr(rb, f))[:, -1] - np.asarray(getattr(P1, f)))))
+                   for f in ("w", "C", "a"))
+out["batch_moved"] = float(np.max(np.abs(rb.a[:, -1] - rb.a[:, 0])))
+errors = []
+for bad in (dict(base, seeds=3, shard="seeds"), dict(base, batch=101, shard="batch")):
+    try:
+        sgd(cfg, SGDConfig(**bad), loss=loss)
+    except ValueError as e:
+        errors.append(str(e))
+out["errors"] = errors
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_sharded_sgd_on_two_devices():
+    """On 2 forced host devices: ``sgd.shard = "seeds"`` gives every seed the trajectory of
+    one device to rounding (≤ 1e-13; fresh and replace sampling), ``"batch"``'s first
+    step is θ₀ − ηΛ times the mean of the two devices' gradients, each on its B/2 sequences
+    from ``fold_in(step key, j)`` (computed here by hand on one device; ≤ 1e-15), and R or
+    B not a multiple of the device count is an error naming the field."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    cfg = CFG.replace(data={"L": 30}, estimator={"N": 200})
+    proc = subprocess.run([sys.executable, "-c", _SHARD_CHILD, json.dumps(cfg.to_dict())], env=env,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert out["devices"] == 2
+    assert max(out["seeds"].values()) < 1e-13, out["seeds"]
+    assert out["batch"] < 1e-15 and out["batch_moved"] > 1e-4, out
+    assert "sgd.shard = 'seeds' needs sgd.seeds a multiple of the 2 devices, got 3" in out["errors"][0]
+    assert "sgd.shard = 'batch' needs sgd.batch a multiple of the 2 devices, got 101" in out["errors"][1]
+
+
+def test_sgd_shard_settings_are_checked():
+    """A bad ``sgd.shard`` names the field and the allowed values; ``"batch"`` needs fresh
+    sampling; on one device, ``"seeds"`` is the unsharded run bit for bit."""
+    with pytest.raises(ValueError, match=r"sgd.shard must be one of \('none', 'seeds', 'batch'\), got 'rows'"):
+        SGDConfig(shard="rows")
+    with pytest.raises(ValueError, match="sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh'"):
+        SGDConfig(shard="batch", sampling="fixed")
+    cfg = CFG.replace(data={"L": 20}, estimator={"N": 100})
+    sc = dict(eta=0.2, batch=50, steps=3, seeds=2, save_per_decade=1)
+    a, b = sgd(cfg, SGDConfig(**sc)), sgd(cfg, SGDConfig(shard="seeds", **sc))
+    for x in ("w", "C", "a", "loss"):
+        np.testing.assert_array_equal(getattr(a, x), getattr(b, x))
