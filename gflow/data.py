@@ -345,7 +345,9 @@ def _log_gamma_small(key, alpha: float, n: int, dtype):
     P = int(np.ceil(1.12 * n)) + 64
 
     def propose(k):
-        u = 1.0 - jax.random.uniform(k, (2, P), dtype)  # rolled Threefry: _rng's would be fused twice  # (0, 1]: finite logs
+        # (0, 1]: finite logs. jax.random, not _rng: XLA would fuse _rng's hash into both
+        # consumers of u and compute it twice (measured slower); JAX's rolled loop stores u.
+        u = 1.0 - jax.random.uniform(k, (2, P), dtype)
         p, E = b * u[0], -jnp.log(u[1])
         small = p <= 1.0
         logx = jnp.where(small, jnp.log(p) / alpha, jnp.log(-jnp.log(jnp.where(small, 0.5, b - p) / alpha)))

@@ -129,17 +129,13 @@ def _scale(cfg: Config, dtype) -> Params:
     return Params(w=jnp.asarray(s.eta_w, dtype), C=jnp.asarray(s.eta_C, dtype), a=jnp.asarray(s.eta_a, dtype))
 
 
-def _count_features_flat(X, cond, model, dtype) -> CountFeatures:
-    """:func:`gflow.model.features` with ``layout="counts"`` for a batch ``X`` ``(n, L)``, as
-    one flat scatter-add of the n·L (token, window) pairs instead of a vmapped scatter per
-    sequence (identical integers; several times faster at n = 10³–10⁴; tested equal)."""
-    return _counts(X.T, X.shape[1], X.shape[0], cond, model, dtype)
-
-
-def _counts(Xt, L: int, n: int, cond, model, dtype) -> CountFeatures:
-    """The counts from the inputs position-major, ``Xt`` ``(L, n)`` or ``(L+1, n)`` (a last
-    row, the targets, is not read), as the fresh sampler draws them: the counts are
-    integers, so the order of the additions does not change them."""
+def _count_features_flat(Xt, L: int, cond, model, dtype) -> CountFeatures:
+    """:func:`gflow.model.features` with ``layout="counts"`` for a batch of n sequences given
+    position-major, ``Xt`` ``(L, n)`` or ``(L+1, n)`` (a last row, the targets, is not read),
+    as the fresh sampler draws them: one flat scatter-add of the n·L (token, window) pairs
+    instead of a vmapped scatter per sequence (identical integers, whatever the order of
+    the additions; several times faster at n = 10³–10⁴; tested equal)."""
+    n = Xt.shape[1]
     d = cond.shape[-1]
     S = model.span
     K = window_code_count(d, S)
@@ -166,7 +162,7 @@ def _fresh_features(cfg: Config, keys, B: int):
     layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model.span)
     dtype = cfg.estimator.jdtype
     if layout == "counts":
-        feats = _counts(tokens, L, R * B, cond, cfg.model, dtype)
+        feats = _count_features_flat(tokens, L, cond, cfg.model, dtype)
     else:
         smp = Sample(X=tokens[:L].T, y=tokens[L], zq=zq.reshape(-1), cond=cond, pi=pi.reshape((R * B,) + pi.shape[2:]))
         feats = features(smp, cfg.model, layout=layout, dtype=dtype)

@@ -138,7 +138,6 @@ def part_sgd(args):
     K = args.fuse
     D = jax.device_count()
     med = {}
-    cpu = {}
     for R, shard in ((1, "none" if D == 1 else "batch"), (8, "none" if D == 1 else "seeds")):
         sc = SGDConfig(eta=0.1, batch=args.batch, steps=1, seeds=R, shard=shard)
         _, (P, keys, _) = _sgd_runner(cfg, sc, loss)
@@ -154,10 +153,10 @@ def part_sgd(args):
             k += K
         c1 = os.times()
         med[R] = (np.min(times), np.median(times))
-        cpu[R] = (c1.user - c0.user + c1.system - c0.system) / (K * np.sum(times))
+        cores = (c1.user - c0.user + c1.system - c0.system) / (K * np.sum(times))
         print(f"SGD step, B = {args.batch}, R = {R}, {D} device(s), sgd.shard = {shard!r} (fresh sequences; "
               f"{K} steps fused per call): min {1e3 * np.min(times):.3f} ms, median {1e3 * np.median(times):.3f} ms "
-              f"a step over {args.reps} calls; process CPU time / wall time {cpu[R]:.2f}; "
+              f"a step over {args.reps} calls; process CPU time / wall time {cores:.2f}; "
               f"load average {os.getloadavg()}")  # fmt: skip
     print(f"{D} device(s): R = 8 / R = 1: {med[8][0] / med[1][0]:.2f}× (min), {med[8][1] / med[1][1]:.2f}× (median)")
 

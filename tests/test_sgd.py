@@ -220,7 +220,7 @@ def test_fresh_count_features_equal_the_loss_features():
     s = sample_fast(DataConfig(d=3, L=30), 50, jax.random.key(0))
     for model in (ModelConfig(), ModelConfig(M=2, H=2, windows="shifted")):
         want = features(s, model, layout="counts")
-        got = _count_features_flat(s.X, s.cond, model, want.counts.dtype)
+        got = _count_features_flat(s.X.T, 30, s.cond, model, want.counts.dtype)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
