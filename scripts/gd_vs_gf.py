@@ -64,7 +64,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import gflow
-from gflow.model import Params
+from gflow.core._model import Params
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 import gflow
-from gflow.model import subset_label
+from gflow.core._model import subset_label
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -37,13 +37,13 @@ _LOADED: dict[str, object] = {}
 _FINGERPRINT: str | None = None
 
 
-def enable(folder: str | os.PathLike) -> None:
+def enable_export_cache(folder: str | os.PathLike) -> None:
     """Keep traced programs in `folder` (created when first written)."""
     global _DIR
     _DIR = Path(folder)
 
 
-def disable() -> None:
+def disable_export_cache() -> None:
     global _DIR
     _DIR = None
 
@@ -87,7 +87,7 @@ def _result_item(value):
     return jax.tree.unflatten(jax.tree.structure(diffrax.RESULTS.successful), [value])
 
 
-def call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
+def cached_call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
     """``fn(*args, **kwargs)`` for an ``eqx.filter_jit`` function `fn` (arrays traced,
     everything else static, as ``eqx.filter_jit`` does), through the export cache when it
     is on (module docstring). `result_at`: the index of a diffrax result code in the

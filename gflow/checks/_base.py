@@ -1,5 +1,5 @@
 """What every check row reads (README §M7): the run, its theory and estimator
-(:class:`_Ctx`), the contrast λ of the model's kernel on a GIH's match
+(:class:`Ctx`), the contrast λ of the model's kernel on a GIH's match
 indicator, and the jitted per-sequence force and loss of the model."""
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._gih import make_gih
-from ._io import rows_of_stage
+from .._util import rows_of_stage
+from ..core import Params, PopulationLoss, subset_label
+from ..theory import Theory, make_gih
+from ..trajectory import Trajectory, selected_set
 from ._report import Row
-from .loss import PopulationLoss
-from .model import Params, subset_label
-from .theory import Theory, selected_set
-from .trajectory import Trajectory
 
 # Event threshold slack: diffrax locates the event with a Newton root find at
 # rtol = atol = 1e-12; the event function at the located time is within
 # rounding of 0.
-_EVENT_SLACK = 1e-9
+EVENT_SLACK = 1e-9
 
 
 def own(model, h: int) -> int:
@@ -48,14 +46,14 @@ def contrast(s, c_frac, S, sets, model=None) -> float:
 
 
 @eqx.filter_jit
-def _model_force_per_seq(loss: PopulationLoss, w, C, a):
+def model_force_per_seq(loss: PopulationLoss, w, C, a):
     """``−∂ℓ_n/∂a`` for every sequence at θ = (w, C, a)."""
     f = lambda aa: loss.per_sequence(Params(w=w, C=C, a=aa))
     return -jax.jvp(f, (a,), (jnp.ones_like(a),))[1]
 
 
 @eqx.filter_jit
-def _model_loss_per_seq(loss: PopulationLoss, w, C, a):
+def model_loss_per_seq(loss: PopulationLoss, w, C, a):
     return loss.per_sequence(Params(w=w, C=C, a=a))
 
 
@@ -67,7 +65,7 @@ def _model_force_grid(loss: PopulationLoss, w, C, a_grid):
 
 
 @eqx.filter_jit
-def _model_dforce(loss: PopulationLoss, w, C, a):
+def model_dforce(loss: PopulationLoss, w, C, a):
     """``∂F/∂a = −∂²L̂/∂a²`` at θ = (w, C, a)."""
     mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params(w=w, C=C, a=aa)))
     return -jax.grad(jax.grad(mean_loss))(a)
@@ -85,7 +83,7 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
     dt = loss.eps.dtype
     w, C = jnp.asarray(w, dt), jnp.asarray(C, dt)
     f = lambda x: float(_model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
-    df = lambda x: float(_model_dforce(loss, w, C, jnp.asarray(x, dt)))
+    df = lambda x: float(model_dforce(loss, w, C, jnp.asarray(x, dt)))
     f0 = f(a_from)
     if f0 > 0:
         n = max(int(math.ceil((a_max - a_from) / spacing)), 1)
@@ -135,22 +133,22 @@ def _bracketed_root(f, df, lo: float, hi: float, flo: float, *, tol: float = 1e-
     return x
 
 
-def _se(x) -> float:
+def sample_se(x) -> float:
     x = np.asarray(x, np.float64)
     return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
 
 
-def _label(S) -> str:
+def set_label(S) -> str:
     return "—" if S is None else subset_label(tuple(S))
 
 
-def _away(measured: float, ref: float, by: float) -> float:
+def moved_away(measured: float, ref: float, by: float) -> float:
     """``measured`` moved by `by` away from `ref` (a wrong answer that cannot
     come back inside a tolerance centred on `ref`)."""
     return float(measured) + (by if float(measured) >= float(ref) else -by)
 
 
-class _Ctx:
+class Ctx:
     def __init__(self, traj: Trajectory, theory: Theory, loss: PopulationLoss, k_se: float):
         self.traj, self.th, self.loss, self.k_se = traj, theory, loss, float(k_se)
         self.cfg = traj.config

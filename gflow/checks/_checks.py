@@ -53,34 +53,31 @@ and wrong answers are documented in the row functions (``gflow._rows_stage1``,
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from ._check_base import _Ctx, _label, contrast
-from ._fit import linear_fit, log_slope, power_exponent
-from ._io import atomic_write_json, atomic_write_text
-from ._io import jsonable as _jsonable
+from .._util import jsonable as _jsonable
+from .._util import linear_fit, log_slope, power_exponent
+from ..core import PopulationLoss, make_loss
+from ..theory import Theory, theory_report
+from ..trajectory import Trajectory, selected_set
+from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
-from ._rows_ladder import _rows_ladder
-from ._rows_laws import _rows_laws
+from ._rows_ladder import rows_ladder
+from ._rows_laws import rows_laws
 from ._rows_stage1 import (
-    _row_concentration,
-    _row_duration,
-    _row_finite,
-    _row_norm,
-    _rows_slopes,
-    _rows_winner,
-    _stage1_end,
+    row_concentration,
+    row_duration,
+    row_finite,
+    row_norm,
+    rows_slopes,
+    rows_winner,
+    stage1_end,
 )
-from ._rows_stage23 import _rows_stage2, _rows_stage3
-from .loss import PopulationLoss, make_loss
-from .theory import Theory, load_or_compute, selected_set, theory_report
-from .trajectory import Trajectory, load
+from ._rows_stage23 import rows_stage2, rows_stage3
 
 __all__ = [
     "Report",
     "Row",
     "check",
-    "check_run",
     "contrast",
     "linear_fit",
     "log_slope",
@@ -95,17 +92,17 @@ _ = _jsonable  # re-exported: replicates.py imports checks._jsonable
 # ---------------------------------------------------------------------------
 
 
-def _theory_summary(ctx: _Ctx) -> dict:
+def _theory_summary(ctx: Ctx) -> dict:
     th, S = ctx.th, ctx.selected
     law = th.laws.get(S) if S is not None else None
     rk = th.ranking
     return {
-        "S_star": _label(th.S_star),
+        "S_star": set_label(th.S_star),
         "close_call": rk.close_call,
         "Itilde_gap": rk.gap,
         "Itilde_gap_se": rk.gap_se,
-        "argmax_J": _label(th.argmax_J),
-        "selected": _label(S),
+        "argmax_J": set_label(th.argmax_J),
+        "selected": set_label(S),
         "stage1_duration": th.duration.t,
         "C_star": None if law is None else law.C_star,
         "window": None if law is None else list(law.window),
@@ -176,22 +173,22 @@ def check(
     sel = selected_set(traj)
     if sel is not None:
         theory = theory.with_law(loss, sel)
-    ctx = _Ctx(traj, theory, loss, k_se)
+    ctx = Ctx(traj, theory, loss, k_se)
     if traj.status != "complete":
         ctx.notes.append(f"run status {traj.status!r}: rows of unfinished stages are undecided or skipped")
-    _row_finite(ctx)
-    if _stage1_end(ctx) is None:
+    row_finite(ctx)
+    if stage1_end(ctx) is None:
         ctx.skip("Stage I rows", "the run has no saved Stage I")
     else:
-        _rows_winner(ctx, claimed_S_star)
-        _row_concentration(ctx)
-        _rows_slopes(ctx)
-        _row_norm(ctx)
-        _row_duration(ctx)
-    _rows_stage2(ctx)
-    _rows_stage3(ctx)
-    _rows_ladder(ctx)
-    _rows_laws(ctx)
+        rows_winner(ctx, claimed_S_star)
+        row_concentration(ctx)
+        rows_slopes(ctx)
+        row_norm(ctx)
+        row_duration(ctx)
+    rows_stage2(ctx)
+    rows_stage3(ctx)
+    rows_ladder(ctx)
+    rows_laws(ctx)
     ctx.notes.extend(f"theory: {n}" for n in theory.notes)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(
@@ -206,40 +203,3 @@ def check(
     )
 
 
-def check_run(
-    out_dir: str | Path,
-    *,
-    n_pi: int = 2000,
-    pi_seed: int = 0,
-    reuse_theory: bool = True,
-    write: bool = True,
-    loss: PopulationLoss | None = None,
-    theory: tuple | None = None,
-    **kw,
-) -> Report:
-    """Check the run saved in `out_dir` and write its report (README §M7).
-
-    Loads the run (:func:`gflow.trajectory.load`; ``FileNotFoundError`` for a
-    folder without a run), takes its theory from
-    :func:`~gflow.theory.load_or_compute` (``theory.json`` when it belongs to
-    the run, else computed on the run's sample; `reuse_theory=False` forces a
-    recomputation; or `theory`, the ``(Theory, how)`` that
-    :func:`~gflow.theory.load_or_compute` already returned for this run), then
-    :func:`check` (further keywords go to it). With
-    `write`, writes ``theory.json``, ``report.json`` (:meth:`Report.to_json`)
-    and ``report.md`` into `out_dir`, each atomically.
-    """
-    out = Path(out_dir)
-    traj = load(out)
-    cfg = traj.config
-    if loss is None:
-        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    if theory is None:
-        theory = load_or_compute(out, traj, n_pi=n_pi, pi_seed=pi_seed, loss=loss, reuse=reuse_theory, write=write)
-    theory, how = theory
-    report = check(traj, theory=theory, loss=loss, n_pi=n_pi, pi_seed=pi_seed, **kw)
-    report.notes.insert(0, f"theory {'computed' if how == 'computed' else 'reused from theory.json'}")
-    if write:
-        atomic_write_json(out / "report.json", report.to_json())
-        atomic_write_text(out / "report.md", report.to_markdown())
-    return report

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._io import jsonable
+from .._util import jsonable
 
 __all__ = ["CLAIMS", "Report", "Row", "decided_row"]
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._check_base import _Ctx
+from ..core import Params, kernel_conditional
+from ..theory import RUNGS, loss_ladder
+from ._base import Ctx
 from ._report import decided_row
-from .ladder import RUNGS, loss_ladder
-from .loss import kernel_conditional
-from .model import Params
 
 
-def _rows_ladder(ctx: _Ctx) -> None:
+def rows_ladder(ctx: Ctx) -> None:
     """The ladder of the run's sample: oracle, Bayes, the GIH of the selected
     set at the theory's ``argmin_a L_GIH``, the context unigram, the flow at
     the run's last saved time.

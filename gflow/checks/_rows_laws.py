@@ -16,23 +16,30 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from . import laws
-from ._check_base import _Ctx, _label
+from ..core import Params
+from ..theory import (
+    LAW_COVERAGE,
+    copier_vertex_gradient,
+    covers,
+    gih_tail,
+    predict_selection,
+    stage1_rates_exact,
+    stage1_rates_small_a,
+)
+from ._base import Ctx, set_label
 from ._report import decided_row
-from ._rows_stage1 import _stage1_end
-from ._theory_result import LAW_COVERAGE, covers
-from .model import Params
+from ._rows_stage1 import stage1_end
 
 
-def _outside(ctx: _Ctx, law: str) -> str | None:
+def _outside(ctx: Ctx, law: str) -> str | None:
     cov = ctx.th.coverage.get(law, LAW_COVERAGE[law])
     ok, why = covers(cov, ctx.cfg)
     return None if ok else f"not covered by the {law} law: {why}"
 
 
-def _rows_laws(ctx: _Ctx) -> None:
+def rows_laws(ctx: Ctx) -> None:
     """Every row of this module that applies to the run."""
-    if not ctx.joint and _stage1_end(ctx) is not None and ctx.outside("stage1") and not _outside(ctx, "stage1_model"):
+    if not ctx.joint and stage1_end(ctx) is not None and ctx.outside("stage1") and not _outside(ctx, "stage1_model"):
         _rows_stage1_model(ctx)
     _rows_steady(ctx)
     if not _outside(ctx, "gih_tail"):
@@ -44,18 +51,18 @@ def _rows_laws(ctx: _Ctx) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _rows_stage1_model(ctx: _Ctx) -> None:
+def _rows_stage1_model(ctx: Ctx) -> None:
     """Finite (law "stage1_model"): (i) the early slopes of ``log(c_A/c_S)``
     (least squares over the saved times while ``max c/Σc < 2/|𝒮|``) against the
-    exact rates at t = 0 on the run's sample (:func:`gflow.laws.stage1_rates_exact`).
+    exact rates at t = 0 on the run's sample (:func:`gflow.theory.stage1_rates_exact`).
     The least-squares slope is a positively weighted average of the flow's
     instantaneous rates over the fitted times, so the tolerance is the largest
     change of the exact rate over them (from the stored gradient) plus
     ``1e-9`` relative. Wrong answer: the measured slope × 1.5. (ii) The winner:
-    the set the small-a flow of a·G selects (:func:`gflow.laws.predict_selection`);
+    the set the small-a flow of a·G selects (:func:`gflow.theory.predict_selection`);
     wrong answer: the runner-up at the end of Stage I."""
     tr, sets = ctx.traj, ctx.sets
-    rec, idx, end, where = _stage1_end(ctx)
+    rec, idx, end, where = stage1_end(ctx)
     C0 = np.asarray(tr.C[0], np.float64)
     if ctx.nS < 2 or np.any(C0 == 0):
         ctx.skip("Stage I rates (model's G)", "a single set, or some C_S = 0 at t = 0")
@@ -63,8 +70,8 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
     eta = float(ctx.cfg.schedule.eta_C)
     dt = ctx.loss.eps.dtype
     p0 = Params(w=jnp.asarray(tr.w[0], dt), C=jnp.asarray(C0, dt), a=jnp.asarray(tr.a[0], dt))
-    pred = laws.predict_selection(ctx.loss, p0.w, p0.C, float(tr.a[0]), rate=eta, delta=ctx.delta)
-    ex = laws.stage1_rates_exact(ctx.loss, p0, rate=eta)
+    pred = predict_selection(ctx.loss, p0.w, p0.C, float(tr.a[0]), rate=eta, delta=ctx.delta)
+    ex = stage1_rates_exact(ctx.loss, p0, rate=eta)
     iA = sets.index(pred.selected) if pred.selected is not None else int(np.argmax(ex.r))
     # (i) the slopes
     fr = tr.c_frac[idx]
@@ -79,7 +86,7 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
     var = np.array([np.max(np.abs((r_pts[:, iA] - r_pts[:, j]) - ex.diff[iA, j])) for j in others])
     tols = var + 1e-9 * np.abs(preds) + 1e-12
     keep = np.abs(0.5 * meas) > tols
-    lab = _label(sets[iA])
+    lab = set_label(sets[iA])
     if keep.any():
         ctx.add(
             decided_row(
@@ -98,7 +105,7 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
         eps = 0.0
         for i in (int(idx[0]),):
             Ci = np.asarray(tr.C[i], np.float64)
-            sm = laws.stage1_rates_small_a(ctx.loss, p0.w, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
+            sm = stage1_rates_small_a(ctx.loss, p0.w, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
             g = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64) / Ci
             for j in others:
                 if sm.diff[iA, j] != 0:
@@ -121,10 +128,10 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
     ctx.add(
         decided_row(
             f"I: winner argmax c/Σc = the set the small-a flow of a·G selects, at {where}",
-            _label(pred.selected), _label(sets[int(order[0])]),
+            set_label(pred.selected), set_label(sets[int(order[0])]),
             f"exact (small-a flow reaches 1 − δ at t ≈ {pred.duration:.4g}; ranking of the rates at t = 0: "
-            f"{', '.join(_label(S) for S in pred.ranking_t0[:3])}, …)",
-            claim="finite", rule=("in", (_label(pred.selected),)), wrong=_label(sets[int(order[1])]), why_not=why,
+            f"{', '.join(set_label(S) for S in pred.ranking_t0[:3])}, …)",
+            claim="finite", rule=("in", (set_label(pred.selected),)), wrong=set_label(sets[int(order[1])]), why_not=why,
         )
     )  # fmt: skip
 
@@ -134,10 +141,10 @@ def _rows_stage1_model(ctx: _Ctx) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _rows_steady(ctx: _Ctx) -> None:
+def _rows_steady(ctx: Ctx) -> None:
     """Informational: which stage ended "steady", where; for Stage II, the
     directional derivatives ``g_i`` of L̂ at the one-hot copier of the selected
-    set (:func:`gflow.laws.copier_vertex_gradient`, at the run's C and a):
+    set (:func:`gflow.theory.copier_vertex_gradient`, at the run's C and a):
     the vertex attracts iff every ``g_i > 0``."""
     tr = ctx.traj
     for rec in tr.stages:
@@ -153,7 +160,7 @@ def _rows_steady(ctx: _Ctx) -> None:
         if not heads:
             continue
         p = Params(w=jnp.asarray(tr.w[i]), C=jnp.asarray(tr.C[i]), a=jnp.asarray(tr.a[i]))
-        vg = laws.copier_vertex_gradient(ctx.loss, p, heads)
+        vg = copier_vertex_gradient(ctx.loss, p, heads)
         s = np.asarray(tr.s[i])
         att = ", ".join(
             f"head {h}: s = {np.array2string(s[h - 1], precision=4)}, g = {np.array2string(vg.g[h], precision=3)}"
@@ -193,7 +200,7 @@ def _fit_power(tau, L):
     return 0.5 * (lo + hi)
 
 
-def _row_ce_approach(ctx: _Ctx) -> None:
+def _row_ce_approach(ctx: Ctx) -> None:
     """Finite (law "gih_tail", ``loss = "ce_on_probs"``): when the selected set's
     GIH has no finite zero of F (``a* = ∞``) and ``K = lim e^a F > 0``, Stage III
     approaches its limit as ``L̂ − L∞ ≈ 1/(η_a λ² τ)`` (README §M8.7: with the
@@ -208,10 +215,10 @@ def _row_ce_approach(ctx: _Ctx) -> None:
         return
     idx = ctx.rows_of("III")
     law = ctx.th.law(S)
-    tail = laws.gih_tail(ctx.gih(S))
+    tail = gih_tail(ctx.gih(S))
     name = "III: exponent p of L̂ − L∞ ~ τ^(−p) (ce_on_probs, a* = ∞)"
     if law.a_star is not None or not tail.K > 0:
-        ctx.info(name, "—", "—", f"the GIH of {_label(S)} has a finite zero a* (K = {tail.K:.3g}): not this law",
+        ctx.info(name, "—", "—", f"the GIH of {set_label(S)} has a finite zero a* (K = {tail.K:.3g}): not this law",
                  "finite")  # fmt: skip
         return
     tau = np.asarray(ctx.traj.ts[idx], np.float64) - rec.t0

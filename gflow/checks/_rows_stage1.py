@@ -8,17 +8,17 @@ import math
 
 import numpy as np
 
-from ._check_base import _EVENT_SLACK, _away, _Ctx, _label
-from ._fit import linear_fit
+from .._util import linear_fit
+from ..theory import predicted_stage1_duration
+from ._base import EVENT_SLACK, Ctx, moved_away, set_label
 from ._report import decided_row
-from .theory import predicted_stage1_duration
 
 # A plausible wrong ‖C‖² drift: 0.1 %, what an explicit scheme that does not
 # conserve ‖C‖ accumulates over a Stage I of a few hundred moderate steps.
 _WRONG_NORM_DRIFT = 1e-3
 
 
-def _row_finite(ctx: _Ctx) -> None:
+def row_finite(ctx: Ctx) -> None:
     """Every saved number of the trajectory (t, w, C, a, loss) is finite (exact).
     Wrong answer: a trajectory with a NaN."""
     tr = ctx.traj
@@ -33,7 +33,7 @@ def _row_finite(ctx: _Ctx) -> None:
     )
 
 
-def _stage1_end(ctx: _Ctx):
+def stage1_end(ctx: Ctx):
     """(record, saved rows, index of the last row, where) of Stage I (or of the joint run)."""
     name = "joint" if ctx.joint else "I"
     rec, idx = ctx.stage(name), ctx.rows_of(name)
@@ -52,17 +52,17 @@ def _within(values, diff_se, top: int, k: float = 3.0) -> list[int]:
     return out
 
 
-def _winner_row(ctx: _Ctx, name, predicted_S, admissible, claim, law, how) -> None:
+def _winner_row(ctx: Ctx, name, predicted_S, admissible, claim, law, how) -> None:
     """A winner row: the set with the largest c/Σc at the end of Stage I is one of
     `admissible` (rule "in"). Wrong answer: the set with the largest c/Σc at the
     end among those not admissible (a swapped selection); none: vacuous."""
-    st = _stage1_end(ctx)
+    st = stage1_end(ctx)
     rec, _, end, where = st
     frac = ctx.traj.c_frac[end]
     order = np.argsort(-frac, kind="stable")
-    measured = _label(ctx.sets[int(order[0])])
-    labels = tuple(_label(ctx.sets[i]) for i in admissible)
-    wrong = next((_label(ctx.sets[int(i)]) for i in order if _label(ctx.sets[int(i)]) not in labels), None)
+    measured = set_label(ctx.sets[int(order[0])])
+    labels = tuple(set_label(ctx.sets[i]) for i in admissible)
+    wrong = next((set_label(ctx.sets[int(i)]) for i in order if set_label(ctx.sets[int(i)]) not in labels), None)
     tol = how if len(labels) == 1 else f"close call: any of {', '.join(labels)} (≤ 3 paired SE below the top)"
     why = ctx.outside(law)
     if ctx.joint:
@@ -73,13 +73,13 @@ def _winner_row(ctx: _Ctx, name, predicted_S, admissible, claim, law, how) -> No
         why = why or "𝒮 has a single set"
     ctx.add(
         decided_row(
-            f"{name} at {where}", _label(predicted_S), measured, tol,
+            f"{name} at {where}", set_label(predicted_S), measured, tol,
             claim=claim, rule=("in", labels), wrong=wrong, why_not=why,
         )
     )
 
 
-def _rows_winner(ctx: _Ctx, claimed_S_star) -> None:
+def rows_winner(ctx: Ctx, claimed_S_star) -> None:
     """Paper: the winner is ``S* = argmax Ĩ`` (a close call admits every set within
     3 paired SE of the top). Finite: the winner is ``argmax J`` of the run's own
     sample (the flow shares its sample, so no Monte Carlo error enters); a set
@@ -102,7 +102,7 @@ def _rows_winner(ctx: _Ctx, claimed_S_star) -> None:
     if ctx.nS > 1 and np.all(C0 != 0):
         # the linearised rates are accurate to a relative ε (measured at both ends of
         # Stage I): a set within 2ε of the J spread below the top could win instead
-        st = _stage1_end(ctx)
+        st = stage1_end(ctx)
         k = 4.0 * float(ctx.traj.a[0]) * float(ctx.cfg.schedule.eta_C) / float(np.sum(C0**2))
         eps = _rate_error(ctx, [int(st[1][0]), st[2]], iJ, k)
         spread = float(rt.J[iJ] - np.min(rt.J))
@@ -111,10 +111,10 @@ def _rows_winner(ctx: _Ctx, claimed_S_star) -> None:
     _winner_row(ctx, "I: winner argmax c/Σc = argmax J", ctx.argmax_J, adm, "finite", "stage1", how)
 
 
-def _row_concentration(ctx: _Ctx) -> None:
+def row_concentration(ctx: Ctx) -> None:
     """Exact: the selected set's c/Σc is ≥ 1 − δ at the end of Stage I (the event,
     located to ``1e-9``). Wrong answer: the largest c/Σc of another set."""
-    rec, _, end, where = _stage1_end(ctx)
+    rec, _, end, where = stage1_end(ctx)
     frac = ctx.traj.c_frac[end]
     i = int(np.argmax(frac))
     others = np.delete(frac, i)
@@ -126,15 +126,15 @@ def _row_concentration(ctx: _Ctx) -> None:
         why = f"Stage I ended by {rec.ended_by}, before its event"
     ctx.add(
         decided_row(
-            f"I: c/Σc of the selected set at {where}", f"≥ {thr:g} on {_label(ctx.sets[i])}", float(frac[i]),
-            f"≥ 1−δ = {thr:g} (event; slack {_EVENT_SLACK:g})",
-            claim="exact", rule=("ge", thr - _EVENT_SLACK),
+            f"I: c/Σc of the selected set at {where}", f"≥ {thr:g} on {set_label(ctx.sets[i])}", float(frac[i]),
+            f"≥ 1−δ = {thr:g} (event; slack {EVENT_SLACK:g})",
+            claim="exact", rule=("ge", thr - EVENT_SLACK),
             wrong=float(others.max()) if others.size else None, why_not=why,
         )
     )
 
 
-def _measured_slopes(ctx: _Ctx, idx, iA: int):
+def _measured_slopes(ctx: Ctx, idx, iA: int):
     """d/dt log(c_A/c_S) for every S: least squares over early Stage I (saved
     times while ``max c/Σc < 2/|𝒮|``, where c is near uniform), or, for a joint
     run, the instantaneous rates at t = 0 from the stored gradient
@@ -152,13 +152,13 @@ def _measured_slopes(ctx: _Ctx, idx, iA: int):
     return np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] if j != iA else 0.0 for j in range(ctx.nS)]), "early"
 
 
-def _rows_slopes(ctx: _Ctx) -> None:
+def rows_slopes(ctx: Ctx) -> None:
     """Finite: ``d/dt log(c_A/c_S) = 4 a₀ η_C (J(A) − J(S))/‖C‖²`` (A = argmax J;
     one row for the J runner-up, one for every S), tolerance ``k_se`` paired SE
     of J; wrong answer: the measured slope × 1.5. Pairs whose tolerance
     would not reject that are left out of the every-S row (and counted). Paper
     (informational): the same with Ĩ in place of J."""
-    st = _stage1_end(ctx)
+    st = stage1_end(ctx)
     tr, rt = ctx.traj, ctx.th.rates
     C0 = np.asarray(tr.C[0], np.float64)
     if ctx.nS < 2:
@@ -173,7 +173,7 @@ def _rows_slopes(ctx: _Ctx) -> None:
     J, Jd = rt.J, rt.diff_se
     iR = int(np.argsort(-J, kind="stable")[1])
     why = ctx.outside("stage1")
-    lab = f"log(c_{_label(ctx.argmax_J)}/c_{_label(ctx.sets[iR])})"
+    lab = f"log(c_{set_label(ctx.argmax_J)}/c_{set_label(ctx.sets[iR])})"
     pred, tol = k * (J[iA] - J[iR]), ctx.k_se * k * Jd[iA, iR]
     ctx.add(
         decided_row(
@@ -189,7 +189,7 @@ def _rows_slopes(ctx: _Ctx) -> None:
     if keep.any():
         ctx.add(
             decided_row(
-                f"I: slopes of log(c_{_label(ctx.argmax_J)}/c_S), every S ≠ argmax J ({how})",
+                f"I: slopes of log(c_{set_label(ctx.argmax_J)}/c_S), every S ≠ argmax J ({how})",
                 [float(x) for x in preds[keep]], [float(x) for x in meas[keep]],
                 f"{ctx.k_se:g} paired SE each (max {tols[keep].max():.3g}); {int((~keep).sum())} of "
                 f"{len(others)} pairs left out (their tolerance would not reject a slope × 1.5)",
@@ -201,12 +201,12 @@ def _rows_slopes(ctx: _Ctx) -> None:
              "Ĩ is J's limit for a one-hot copier and L → ∞, not its value at finite w₊, L", "paper")  # fmt: skip
 
 
-def _row_norm(ctx: _Ctx) -> None:
+def row_norm(ctx: Ctx) -> None:
     """Exact: ‖C‖² is conserved in Stage I (L̂ depends on C only through c/Σc, so
     ∇_C L̂ ⟂ C); tolerance the adaptive solver's accumulated local-error budget
     ``2·steps·(rtol + atol·√|𝒮|/‖C‖)``. Wrong answer: a relative drift of 1e-3.
     Informational for gradient descent (explicit Euler grows ‖C‖² by η²‖∇_C L̂‖²)."""
-    rec, idx, _, _ = _stage1_end(ctx)
+    rec, idx, _, _ = stage1_end(ctx)
     n2 = np.sum(np.asarray(ctx.traj.C[idx], np.float64) ** 2, axis=1)
     if n2[0] == 0:
         ctx.skip("‖C‖² conserved", "C = 0 at the start")
@@ -221,7 +221,7 @@ def _row_norm(ctx: _Ctx) -> None:
     ctx.add(decided_row(name, 0.0, drift, tol, claim="exact", rule=("le", tol), wrong=drift + _WRONG_NORM_DRIFT))
 
 
-def _rate_error(ctx: _Ctx, rows, iA: int, k: float) -> float:
+def _rate_error(ctx: Ctx, rows, iA: int, k: float) -> float:
     """The largest relative error of the linearised pairwise rates
     ``k (J(A) − J(S))`` against the flow's exact ``d/dt log(c_A/c_S) =
     −2 η_C (∂L̂/∂C_A/C_A − ∂L̂/∂C_S/C_S)`` (stored gradient) at the given saved rows."""
@@ -239,7 +239,7 @@ def _rate_error(ctx: _Ctx, rows, iA: int, k: float) -> float:
     return worst
 
 
-def _row_duration(ctx: _Ctx) -> None:
+def row_duration(ctx: Ctx) -> None:
     """Finite: the linearised Stage I's duration (README §M8.1,
     :func:`~gflow.theory.predicted_stage1_duration` with the run's c(0), a₀, η_C,
     δ) against the event time of Stage I. Tolerance ``2 ε t_pred``, ε the
@@ -248,7 +248,7 @@ def _row_duration(ctx: _Ctx) -> None:
     log-ratio then runs at ``(1 ± ε)`` times its predicted speed, which moves
     the crossing by at most ``ε/(1 − ε)`` of it (factor 2: the error between the
     two ends is not measured). Wrong answer: the event time × 1.5."""
-    st = _stage1_end(ctx)
+    st = stage1_end(ctx)
     rec, idx, end, _ = st
     tr = ctx.traj
     name = "I: Stage I duration (linearised Stage I) vs event time"
@@ -272,7 +272,7 @@ def _row_duration(ctx: _Ctx) -> None:
     tol = 2.0 * eps * du.t
     ctx.add(
         decided_row(
-            name, du.t, measured, tol if why else f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: rate error; set {_label(du.S)})",
-            claim="finite", rule=("abs", du.t, tol), wrong=_away(measured, du.t, 0.5 * measured), why_not=why,
+            name, du.t, measured, tol if why else f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: rate error; set {set_label(du.S)})",
+            claim="finite", rule=("abs", du.t, tol), wrong=moved_away(measured, du.t, 0.5 * measured), why_not=why,
         )
     )

@@ -9,26 +9,25 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from . import _export_cache
-from ._check_base import (
-    _EVENT_SLACK,
-    _away,
-    _Ctx,
-    _label,
-    _model_dforce,
-    _model_force_per_seq,
-    _model_loss_per_seq,
-    _se,
+from .._util import cached_call, linear_fit, log_slope, power_exponent
+from ..theory import gih_dforce, gih_force, gih_force_per_seq, gih_ode
+from ._base import (
+    EVENT_SLACK,
+    Ctx,
     contrast,
+    model_dforce,
+    model_force_per_seq,
+    model_loss_per_seq,
     model_zero,
+    moved_away,
     own,
+    sample_se,
+    set_label,
 )
-from ._fit import linear_fit, log_slope, power_exponent
-from ._gih import _gih_dforce, _gih_force, _gih_force_per_seq, _gih_ode
 from ._report import decided_row
 
 
-def _stage2(ctx: _Ctx):
+def _stage2(ctx: Ctx):
     if ctx.joint:
         ctx.skip("Stage II rows", "joint schedule (no Stage II)")
         return None
@@ -43,7 +42,7 @@ def _stage2(ctx: _Ctx):
     return rec, idx, heads
 
 
-def _rows_stage2_events(ctx: _Ctx, rec, idx, heads) -> None:
+def _rows_stage2_events(ctx: Ctx, rec, idx, heads) -> None:
     """Exact: for each head h of the selected set, s^(h)_h ≥ 1 − δ at the end of
     Stage II (the event). Wrong answer: the head's largest weight on another offset."""
     s = ctx.traj.s[int(idx[-1])]
@@ -52,18 +51,18 @@ def _rows_stage2_events(ctx: _Ctx, rec, idx, heads) -> None:
         j = own(ctx.cfg.model, h)
         v = float(s[h - 1, j])
         other = float(np.delete(s[h - 1], j).max()) if s.shape[1] > 1 else None
-        why = None if rec.ended_by == "event" or v >= thr - _EVENT_SLACK else f"Stage II ended by {rec.ended_by}"
+        why = None if rec.ended_by == "event" or v >= thr - EVENT_SLACK else f"Stage II ended by {rec.ended_by}"
         if not ctx.cfg.schedule.events:
             why = "schedule.events = false: Stage II has no event, it ran its duration"
         ctx.add(
             decided_row(
-                f"II: s^({h})_{h} at end of Stage II", f"≥ {thr:g}", v, f"≥ 1−δ = {thr:g} (event; slack {_EVENT_SLACK:g})",
-                claim="exact", rule=("ge", thr - _EVENT_SLACK), wrong=other, why_not=why,
+                f"II: s^({h})_{h} at end of Stage II", f"≥ {thr:g}", v, f"≥ 1−δ = {thr:g} (event; slack {EVENT_SLACK:g})",
+                claim="exact", rule=("ge", thr - EVENT_SLACK), wrong=other, why_not=why,
             )
         )
 
 
-def _row_beta(ctx: _Ctx, rec, idx, h: int) -> None:
+def _row_beta(ctx: Ctx, rec, idx, h: int) -> None:
     """Finite (gflow's one-line softmax argument, not the paper): the logit gap
     obeys du/dτ ≈ K e^{−u}, so ``1 − s ≈ A/(B + τ)``, whose log-log slope on
     ``[τ₁, τ₂]`` lies in ``[1 − r, 1]``, ``r = (1 − s(τ₁))/(1 − s(0))``; fitted on
@@ -107,7 +106,7 @@ def _row_beta(ctx: _Ctx, rec, idx, h: int) -> None:
     )
 
 
-def _row_outside(ctx: _Ctx, idx, heads) -> None:
+def _row_outside(ctx: Ctx, idx, heads) -> None:
     """Finite: heads outside the selected set move little: ``max |Δw|`` outside
     over inside, predicted 0; their gradient is a sum over the sets containing
     them weighted by c_S/Σc, so the ratio is of the order of that mass
@@ -129,13 +128,13 @@ def _row_outside(ctx: _Ctx, idx, heads) -> None:
     tol = 10.0 * m_out / m_in
     ctx.add(
         decided_row(
-            f"II: heads outside {_label(heads)} move little (max abs Δw, out/in)", 0.0, ratio, tol,
+            f"II: heads outside {set_label(heads)} move little (max abs Δw, out/in)", 0.0, ratio, tol,
             claim="finite", rule=("le", tol), wrong=1.0, why_not=ctx.outside("stage2"),
         )
     )
 
 
-def _rows_stage2(ctx: _Ctx) -> None:
+def rows_stage2(ctx: Ctx) -> None:
     st = _stage2(ctx)
     if st is None:
         return
@@ -149,7 +148,7 @@ def _rows_stage2(ctx: _Ctx) -> None:
 class _S3:
     """The saved Stage III points and the selected set's GIH law."""
 
-    def __init__(self, ctx: _Ctx, S, idx, rec):
+    def __init__(self, ctx: Ctx, S, idx, rec):
         tr = ctx.traj
         self.S, self.law, self.gih = S, ctx.th.law(S), ctx.gih(S)
         self.eta_a = float(ctx.cfg.schedule.eta_a)
@@ -173,20 +172,20 @@ class _S3:
             ts, a0 = jnp.asarray(self.tau, jnp.float64), jnp.asarray(self.a_start, jnp.float64)
             def ode(lam):  # through the command line's cache of traced programs (a diffeqsolve: ~1 s to trace)
                 args = (self.gih, a0, jnp.asarray(lam, jnp.float64), jnp.asarray(self.eta_a, jnp.float64), ts)
-                return np.asarray(_export_cache.call(_gih_ode, args, {}))
+                return np.asarray(cached_call(gih_ode, args, {}))
 
             self.a_gih, self.a_lam = ode(1.0), ode(self.lam_end)
         self.joint_why = "joint schedule: the Stage III law is the staged flow's" if ctx.joint else None
 
 
-def _one_hot_C(ctx: _Ctx, S) -> np.ndarray:
+def _one_hot_C(ctx: Ctx, S) -> np.ndarray:
     """C with all its weight on S (the model depends on C only through c/Σc)."""
     C = np.zeros(ctx.nS)
     C[ctx.sets.index(tuple(S))] = 1.0
     return C
 
 
-def _row_slope_paper(ctx: _Ctx, d: _S3) -> None:
+def _row_slope_paper(ctx: Ctx, d: _S3) -> None:
     """Paper: the slope of a against log τ over the saved times with a in the
     selected set's validity window is 1 (``a = log t + O(1)``); allowed
     ``[1/2, 2]``, the factor 2 by which the window lets ``F e^a`` vary. Wrong
@@ -212,7 +211,7 @@ def _row_slope_paper(ctx: _Ctx, d: _S3) -> None:
                  f"da/dτ = η_a F(a) and η_a λF(λa), λ = {d.lam_end:.4g}, fitted on the same times", "finite")  # fmt: skip
 
 
-def _row_force(ctx: _Ctx, d: _S3) -> None:
+def _row_force(ctx: Ctx, d: _S3) -> None:
     """Finite: the measured ``∂_τ a·e^a = −η_a ∂_a L̂·e^a`` (stored gradient)
     against ``η_a F(a) e^a`` at every saved time in the window; pointwise
     tolerance ``|λF(λa) − F(a)| + ρ + k_se paired SE``, ρ the selector's
@@ -227,18 +226,18 @@ def _row_force(ctx: _Ctx, d: _S3) -> None:
         return
     tr, loss, dt = ctx.traj, ctx.loss, ctx.loss.eps.dtype
     k = np.flatnonzero(d.inwin)
-    F = np.asarray(_gih_force(d.gih, jnp.asarray(d.a[k], jnp.float64)), np.float64)
+    F = np.asarray(gih_force(d.gih, jnp.asarray(d.a[k], jnp.float64)), np.float64)
     lamk = d.lam_pts[k]
-    Flam = lamk * np.asarray(_gih_force(d.gih, jnp.asarray(lamk * d.a[k])), np.float64)
+    Flam = lamk * np.asarray(gih_force(d.gih, jnp.asarray(lamk * d.a[k])), np.float64)
     pse, resid = [], []
     C1 = jnp.asarray(_one_hot_C(ctx, d.S), dt)
     for j in k:
         i = int(d.pts[j])
         w, aj = jnp.asarray(tr.w[i], dt), jnp.asarray(d.a[j], dt)
-        fm = np.asarray(_model_force_per_seq(loss, w, jnp.asarray(tr.C[i], dt), aj), np.float64)
-        fg = _gih_force_per_seq(d.gih, jnp.asarray(d.a[j], jnp.float64))
-        pse.append(_se(fm - np.asarray(fg, np.float64)))
-        resid.append(abs(float(np.mean(fm)) - float(np.mean(np.asarray(_model_force_per_seq(loss, w, C1, aj))))))
+        fm = np.asarray(model_force_per_seq(loss, w, jnp.asarray(tr.C[i], dt), aj), np.float64)
+        fg = gih_force_per_seq(d.gih, jnp.asarray(d.a[j], jnp.float64))
+        pse.append(sample_se(fm - np.asarray(fg, np.float64)))
+        resid.append(abs(float(np.mean(fm)) - float(np.mean(np.asarray(model_force_per_seq(loss, w, C1, aj))))))
     tol_abs = np.abs(Flam - F) + np.asarray(resid) + ctx.k_se * np.asarray(pse)
     used = float(np.max(np.abs(d.force[k] - F) / tol_abs))
     wrong = float(np.max(np.abs(1.5 * d.force[k] - F) / tol_abs))
@@ -254,7 +253,7 @@ def _row_force(ctx: _Ctx, d: _S3) -> None:
     )
 
 
-def _frozen_zeros(ctx: _Ctx, d: _S3) -> tuple[float | None, float | None]:
+def _frozen_zeros(ctx: Ctx, d: _S3) -> tuple[float | None, float | None]:
     """``a°``: the zero of the model's force ``−∂L̂/∂a`` at the end's (w, C) that
     Stage III's one-dimensional flow from its start settles at
     (:func:`~gflow._check_base.model_zero`), and the same with the selector
@@ -266,7 +265,7 @@ def _frozen_zeros(ctx: _Ctx, d: _S3) -> tuple[float | None, float | None]:
     return a0, a0_S
 
 
-def _row_a_zero(ctx: _Ctx, d: _S3, a0: float | None) -> None:
+def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
     """Exact: staged Stage III moves only a (w, C frozen at their Stage II / I
     values), so it is the one-dimensional gradient flow ``da/dτ = η_a F(a)``,
     ``F = −∂L̂/∂a`` at the frozen (w, C), and settles at the zero ``a°`` of F it
@@ -293,15 +292,15 @@ def _row_a_zero(ctx: _Ctx, d: _S3, a0: float | None) -> None:
     rec = ctx.stage("III")
     rtol = max(float(sc.rtol), float(np.finfo(dt).eps))  # a float32 run cannot resolve rtol = 1e-8
     tol = 2.0 * max(int(rec.steps), 1) * (rtol * abs(a0) + sc.atol)
-    slope = abs(float(_model_dforce(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
+    slope = abs(float(model_dforce(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
                                     jnp.asarray(a0, dt))))  # fmt: skip
     left = abs(float(d.force[-1])) / slope if slope > 0 else math.inf
     why = None if left <= tol / 4.0 else f"Stage III not settled: |F(a_end)|/|F'(a°)| = {left:.3g}"
     ctx.add(decided_row(name, a0, a_end, tol, claim="exact", rule=("abs", a0, tol),
-                        wrong=_away(a_end, a0, 1.0), why_not=why))  # fmt: skip
+                        wrong=moved_away(a_end, a0, 1.0), why_not=why))  # fmt: skip
 
 
-def _row_a_end(ctx: _Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
+def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
     """Finite: ``a(τ_end)`` against the selected set's ``a*``. Tolerance
     ``a*|1/λ_w − 1| + ρ_a + k_se`` paired SE of the zero (delta method):
 
@@ -325,10 +324,10 @@ def _row_a_end(ctx: _Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
         ctx.info(name, "∞ (F > 0 on the grid)", a_end, "no finite a* on the theory's grid", "finite")
         return False
     tr, dt = ctx.traj, ctx.loss.eps.dtype
-    fm = _model_force_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt), jnp.asarray(a_star, dt))
-    fg = _gih_force_per_seq(d.gih, jnp.asarray(a_star, jnp.float64))
-    slope_F = abs(float(_gih_dforce(d.gih, jnp.asarray(a_star, jnp.float64))))
-    pse = _se(np.asarray(fm, np.float64) - np.asarray(fg, np.float64))
+    fm = model_force_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt), jnp.asarray(a_star, dt))
+    fg = gih_force_per_seq(d.gih, jnp.asarray(a_star, jnp.float64))
+    slope_F = abs(float(gih_dforce(d.gih, jnp.asarray(a_star, jnp.float64))))
+    pse = sample_se(np.asarray(fm, np.float64) - np.asarray(fg, np.float64))
     lam_w = float(np.prod([float(tr.s[d.end][h - 1, own(ctx.cfg.model, h)]) ** 2 for h in d.S]))
     rho = abs(a0 - a0_S) if a0 is not None and a0_S is not None else math.inf
     tol = abs(a_star) * abs(1.0 / lam_w - 1.0) + rho + ctx.k_se * (pse / slope_F if slope_F > 0 else math.inf)
@@ -342,13 +341,13 @@ def _row_a_end(ctx: _Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
     if why is None and not math.isfinite(rho):
         why = "the model's force at the end's w has no zero on the theory's grid (ρ_a undefined)"
     ctx.add(decided_row(name, a_star, a_end, tol, claim="finite", rule=("abs", a_star, tol),
-                        wrong=_away(a_end, a_star, 1.0), why_not=why))  # fmt: skip
+                        wrong=moved_away(a_end, a_star, 1.0), why_not=why))  # fmt: skip
     if d.lam_end <= 0.5:
         ctx.notes.append(f"the model at the end is far from the GIH (λ = {d.lam_end:.3g}): the Stage III tolerances are loose")
     return bool(reasons)
 
 
-def _row_limit_loss(ctx: _Ctx, d: _S3, too_short: bool) -> None:
+def _row_limit_loss(ctx: Ctx, d: _S3, too_short: bool) -> None:
     """Finite: the flow's loss at the end against the selected set's
     ``inf_a L_GIH``; tolerance ``ρ + k_se`` paired SE of the per-sequence
     difference (to first order the model is the GIH with a rescaled a: the same
@@ -359,16 +358,16 @@ def _row_limit_loss(ctx: _Ctx, d: _S3, too_short: bool) -> None:
     (a model stuck halfway between the unigram and the induction head)."""
     law, tr, dt = d.law, ctx.traj, ctx.loss.eps.dtype
     lim, a_lim = law.limit_loss, law.a_limit
-    lm = np.asarray(_model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
+    lm = np.asarray(model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
                                         jnp.asarray(tr.a[d.end], dt)), np.float64)  # fmt: skip
     lg = np.asarray(
         d.gih.per_sequence_loss_inf() if math.isinf(a_lim) else d.gih.per_sequence_loss(jnp.asarray(a_lim, jnp.float64)),
         np.float64,
     )
     C1 = jnp.asarray(_one_hot_C(ctx, d.S), dt)
-    lm1 = np.asarray(_model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), C1, jnp.asarray(tr.a[d.end], dt)))
+    lm1 = np.asarray(model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), C1, jnp.asarray(tr.a[d.end], dt)))
     resid = abs(float(np.mean(lm)) - float(np.mean(lm1)))
-    tol = resid + ctx.k_se * _se(lm - lg)
+    tol = resid + ctx.k_se * sample_se(lm - lg)
     meas = float(tr.loss[d.end])
     why = ctx.outside("gih_limit")
     if too_short and not math.isinf(a_lim):
@@ -376,25 +375,25 @@ def _row_limit_loss(ctx: _Ctx, d: _S3, too_short: bool) -> None:
     ctx.add(
         decided_row(
             "limit loss: L̂ at end vs inf_a L_GIH (selected set)", lim, meas, tol,
-            claim="finite", rule=("abs", lim, tol), wrong=_away(meas, lim, 0.5 * (float(law.L[0]) - lim)), why_not=why,
+            claim="finite", rule=("abs", lim, tol), wrong=moved_away(meas, lim, 0.5 * (float(law.L[0]) - lim)), why_not=why,
         )
     )
 
 
-def _row_S_star_beside(ctx: _Ctx, S) -> None:
+def _row_S_star_beside(ctx: Ctx, S) -> None:
     """Informational: when Stage I selected a set other than S*, the GIH law of S*
     (what the paper's S* would give) beside the selected set's."""
     if S == ctx.S_star or ctx.S_star not in ctx.th.laws:
         return
     a, b = ctx.th.law(ctx.S_star), ctx.th.law(S)
     ctx.info(
-        f"III: GIH of S* = {_label(ctx.S_star)} (paper) beside the selected {_label(S)}: C*, a*, inf L_GIH",
+        f"III: GIH of S* = {set_label(ctx.S_star)} (paper) beside the selected {set_label(S)}: C*, a*, inf L_GIH",
         [a.C_star, a.a_star, a.limit_loss], [b.C_star, b.a_star, b.limit_loss],
         "what the paper's S* would give; the rows above use the selected set", "paper",
     )  # fmt: skip
 
 
-def _rows_stage3(ctx: _Ctx) -> None:
+def rows_stage3(ctx: Ctx) -> None:
     name = "joint" if ctx.joint else "III"
     rec, idx = ctx.stage(name), ctx.rows_of(name)
     S = ctx.selected

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from . import _rng
+from .._util import rng_normal, rng_uniform
 
 _STARTS = ("stationary", "uniform")
 
@@ -370,8 +370,8 @@ def _log_gamma_mt(key, alpha, n: int, dtype):
 
     def propose(k):
         kx, ku = jax.random.split(k)
-        x = _rng.normal(kx, (P,), dtype)
-        u = _rng.uniform(ku, (P,), dtype)
+        x = rng_normal(kx, (P,), dtype)
+        u = rng_uniform(ku, (P,), dtype)
         v = 1.0 + c * x
         v3 = v * v * v
         lv3 = jnp.log(jnp.where(v > 0, v3, 1.0))
@@ -380,7 +380,7 @@ def _log_gamma_mt(key, alpha, n: int, dtype):
 
     kloop, kboost = jax.random.split(key)
     val = _compact(kloop, n, propose, dtype)
-    boost = jnp.log1p(-_rng.uniform(kboost, (n,), dtype)) / alpha  # U ∈ (0, 1]
+    boost = jnp.log1p(-rng_uniform(kboost, (n,), dtype)) / alpha  # U ∈ (0, 1]
     return val + jnp.where(alpha < 1, boost, 0.0)
 
 
@@ -436,7 +436,7 @@ def sample_fast_time_major(cfg: DataConfig, N: int, key, dtype=jnp.float64):
     if cfg.start == "stationary":
         mu = jax.vmap(lambda p: stationary_window(p, cfg))(pi)
         cmu = jnp.cumsum(mu, -1)[:, :-1]
-        u0 = _rng.uniform(kstart, (N, 1), dtype)
+        u0 = rng_uniform(kstart, (N, 1), dtype)
         code = jnp.sum(u0 >= cmu, -1)
         win0 = (code[:, None] // (d ** np.arange(m - 1, -1, -1))[None, :]) % d
     else:
@@ -445,7 +445,7 @@ def sample_fast_time_major(cfg: DataConfig, N: int, key, dtype=jnp.float64):
     n_steps = cfg.burn_in + cfg.L + 1 - m
     F = jnp.cumsum(pi, -1)[..., :-1].reshape(N * d**k, d - 1)  # (N·K, d-1)
     zw = jnp.asarray(d ** np.arange(k - 1, -1, -1), jnp.int32)
-    U = _rng.uniform(kchain, (n_steps, N), dtype)
+    U = rng_uniform(kchain, (n_steps, N), dtype)
     base = jnp.arange(N, dtype=jnp.int32) * d**k
     w0 = (win0 * jnp.asarray(d ** np.arange(m - 1, -1, -1), jnp.int32)).sum(-1)  # window code
 

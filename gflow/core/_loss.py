@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from . import model as _model
-from .data import DataConfig, sample
-from .model import CountFeatures, HeadFeatures, ModelConfig, Params, PositionFeatures, features
+from . import _model
+from ._data import DataConfig, sample
+from ._model import CountFeatures, HeadFeatures, ModelConfig, Params, PositionFeatures, features
 
 _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
@@ -144,7 +144,7 @@ def _tree_norm(t) -> Float[Array, ""]:
     return jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(t)))
 
 
-def _mean_se(x):
+def mean_se(x):
     n = x.shape[0]
     se = jnp.std(x, axis=0, ddof=1 if n > 1 else 0) / jnp.sqrt(n)
     return jnp.mean(x, axis=0), se
@@ -342,7 +342,7 @@ class PopulationLoss(eqx.Module):
         share, gb, ls = self._batch_grads(params, batches)
         if ls is None:
             ls = self.per_sequence(params)
-        loss, loss_se = _mean_se(ls)
+        loss, loss_se = mean_se(ls)
         B = share.shape[0]
 
         def combine(x):

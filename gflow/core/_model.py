@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .data import Sample, all_windows
+from ._data import Sample, all_windows
 
 _NORMS = ("sum", "layer")
 _WINDOWS = ("aligned", "shifted")

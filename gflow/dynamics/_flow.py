@@ -22,7 +22,6 @@ be resumed.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -30,27 +29,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _export_cache
-from ._io import STAGE_CODES, versions
+from .._util import STAGE_CODES, cached_call, versions
+from ..config import Config, refuse_sgd
+from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
+from ..trajectory import StageRecord, Trajectory
 from ._solve import (
-    _COUNTS,
-    _event_coordinates,
-    _event_value,
-    _f64,
-    _fresh_carry,
-    _grid,
-    _LogC,
-    _new_tag,
-    _scales,
-    _segments,
-    _solve_segment,
-    _stats_at,
-    _VectorField,
+    COUNTS,
+    LogC,
+    VectorField,
+    as_f64,
+    block_scales,
+    event_coordinates,
+    event_value,
+    fresh_carry,
+    new_tag,
+    save_grid,
+    solve_segment,
+    split_segments,
+    stats_at,
 )
-from .config import Config, refuse_sgd
-from .loss import PopulationLoss, StageLoss, make_loss
-from .model import Params, init_params
-from .trajectory import StageRecord, Trajectory, load, lock, save
 
 _STAGES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
 
@@ -62,7 +59,7 @@ class FlowError(RuntimeError):
     when one was given).
     """
 
-    def __init__(self, message: str, *, stage: str, t: float, trajectory: Trajectory, out: Path | None):
+    def __init__(self, message: str, *, stage: str, t: float, trajectory: Trajectory, out=None):
         where = f" (partial trajectory kept in {str(out)!r})" if out is not None else ""
         super().__init__(f"Stage {stage} failed at t = {t:.6g}: {message}{where}")
         self.stage = stage
@@ -76,13 +73,13 @@ class FlowError(RuntimeError):
 # ---------------------------------------------------------------------------
 
 
-def _plan(cfg: Config) -> list[tuple[str, float]]:
+def stage_plan(cfg: Config) -> list[tuple[str, float]]:
     if cfg.schedule.kind == "joint":
         return [("joint", cfg.schedule.t1)]
     return list(zip(("I", "II", "III"), cfg.schedule.durations))
 
 
-def _params_from(traj: Trajectory, i: int, dtype) -> Params:
+def params_from(traj: Trajectory, i: int, dtype) -> Params:
     st = traj.state(i)
     return Params(w=jnp.asarray(st["w"], dtype), C=jnp.asarray(st["C"], dtype), a=jnp.asarray(st["a"], dtype))
 
@@ -90,7 +87,7 @@ def _params_from(traj: Trajectory, i: int, dtype) -> Params:
 def integrate(
     config: Config = Config(),
     *,
-    out: str | Path | None = None,
+    out=None,
     resume: bool = False,
     overwrite: bool = False,
     loss: PopulationLoss | None = None,
@@ -138,67 +135,43 @@ def integrate(
           "throw": throw}
     if out is None:
         return _integrate(config, out=None, **kw)
-    with lock(out):
+    with out.lock():
         try:
-            return _integrate(config, out=Path(out), **kw)
+            return _integrate(config, out=out, **kw)
         except KeyboardInterrupt:
-            _mark_interrupted(Path(out))
+            out.mark_interrupted()
             raise
-
-
-def _mark_interrupted(out: Path) -> None:
-    """Set the status of the last saved snapshot to "interrupted" (the in-memory state may be
-    half-way through a segment; the snapshot is whole)."""
-    if (out / "trajectory.npz").is_file():
-        traj = load(out)
-        if traj.status == "running":
-            traj.status = "interrupted"
-            save(traj, out)
-
-
-_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json")
-
-
-def _remove_stale(out: Path) -> None:
-    """``overwrite``: remove the old run's files, its reports and its figures."""
-    import shutil
-
-    for name in _STALE:
-        (out / name).unlink(missing_ok=True)
-    if (out / "figures").is_dir():
-        shutil.rmtree(out / "figures")
 
 
 def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw) -> Trajectory:
     cfg = config
     dtype = cfg.estimator.jdtype
-    out = None if out is None else Path(out)
     t_wall = time.perf_counter()
-    plan = _plan(cfg)
+    plan = stage_plan(cfg)
     # Everything that can be wrong with the request is checked before sampling.
     if resume:
         if out is None:
             raise ValueError("resume=True needs the run folder `out`")
-        traj = load(out)
+        traj = out.load()
         check_resumable(traj, cfg)
     else:
-        if out is not None and ((out / "run.json").exists() or (out / "trajectory.npz").exists()) and not overwrite:
+        if out is not None and out.holds_run() and not overwrite:
             raise ValueError(
                 f"{str(out)!r} already holds a run: resume it (resume=True, `gflow run --resume`) "
                 "or pass overwrite=True (`--overwrite`)"
             )
         if params0 is None:
             params0 = init_params(cfg.model, cfg.init, dtype=dtype)
-        _check_params(params0, cfg)
+        check_params(params0, cfg)
         if out is not None and overwrite:
-            _remove_stale(out)
+            out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
 
     if resume:
         traj.config = cfg
         traj.status = "running"  # was "interrupted", "failed: …" or "complete"
-        y = _params_from(traj, -1, dtype)
+        y = params_from(traj, -1, dtype)
         t = float(traj.ts[-1])
         wall0 = traj.wall
     else:
@@ -209,14 +182,14 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         traj = Trajectory.empty(cfg, H, M, len(cfg.model.subsets))
         traj.versions = versions()
         _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
-                stage_index=_stage_index(plan[0][0]))  # fmt: skip
+                stage_index=index_of_stage(plan[0][0]))  # fmt: skip
 
     for name, duration in plan:
-        rec = _stage_record(traj, name, duration, t)
+        rec = stage_record(traj, name, duration, t)
         if rec is None:
             continue
         try:
-            y, t = _run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+            y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
         except FlowError as e:
             if throw:
                 raise
@@ -225,16 +198,16 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
     traj.status = "complete"
     traj.wall = wall0 + time.perf_counter() - t_wall
     if out is not None:
-        save(traj, out)
+        out.save(traj)
     return traj
 
 
-def _selected(traj: Trajectory) -> list[int]:
+def stage1_selection(traj: Trajectory) -> list[int]:
     """The set selected by Stage I: the largest ``c_S/Σc`` at its end."""
     return list(traj.subsets[traj.c_frac[-1].argmax()])
 
 
-def _stage_record(traj: Trajectory, name: str, duration: float, t: float, select=_selected) -> StageRecord | None:
+def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=stage1_selection) -> StageRecord | None:
     """The record of stage `name` to run next (of the given `duration`), or ``None`` when there is
     nothing to run: a new one starting at `t` (Stage II with the set ``select(traj)``), a resumed
     one, or the last one completed at its duration, reopened to extend it to a longer one."""
@@ -253,7 +226,7 @@ def _stage_record(traj: Trajectory, name: str, duration: float, t: float, select
     return rec
 
 
-def _check_params(p: Params, cfg: Config) -> None:
+def check_params(p: Params, cfg: Config) -> None:
     shapes = {"w": (cfg.model.H, cfg.model.M), "C": (len(cfg.model.subsets),), "a": ()}
     for b, shape in shapes.items():
         x = np.asarray(getattr(p, b))
@@ -263,7 +236,7 @@ def _check_params(p: Params, cfg: Config) -> None:
         raise ValueError("params0.C must not be all zero (c = C² would have Σc = 0)")
 
 
-def _stage_index(name: str) -> int:
+def index_of_stage(name: str) -> int:
     return STAGE_CODES[name]
 
 
@@ -326,12 +299,12 @@ def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *,
         blk = {k: v[i : i + block] for k, v in ys.items()}
         m = len(blk["a"])
         blk = {k: np.concatenate([v, np.repeat(v[-1:], block - m, axis=0)]) for k, v in blk.items()}
-        st = jax.device_get(_stats_at(loss, Params(**blk)))
+        st = jax.device_get(stats_at(loss, Params(**blk)))
         parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
-    _append_rows(traj, ts, ys, jax.tree.map(lambda *xs: np.concatenate(xs), *parts), stage_index=stage_index)
+    append_rows(traj, ts, ys, jax.tree.map(lambda *xs: np.concatenate(xs), *parts), stage_index=stage_index)
 
 
-def _append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index: int) -> None:
+def append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index: int) -> None:
     """Append saved states and their statistics (a numpy ``LossStats`` with a leading axis)."""
     traj.append(
         ts=ts, stage=np.full(len(ts), stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
@@ -362,7 +335,7 @@ def _failure(result, ok: bool, sc, name: str) -> str:
 
 
 @eqx.filter_jit
-def _stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
+def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
     """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
     g = loss.grad(y)
     finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
@@ -373,9 +346,9 @@ _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's s
                         "(e.g. estimator.eps = 0 with tokens absent from a context)")
 
 
-class _StageRun:
+class StageRun:
     """One run's passage through one stage, on the host: everything around the
-    compiled solves, shared by the single driver (:func:`_run_stage`) and the
+    compiled solves, shared by the single driver (:func:`run_stage`) and the
     batched one (``gflow.vmapped``), so the two cannot drift apart.
 
     It decides how the stage starts (:meth:`start`: a non-finite field fails at
@@ -394,32 +367,32 @@ class _StageRun:
     host_count = False
 
     def __init__(self, traj: Trajectory, rec: StageRecord, cfg: Config, y_np: dict, t: float, t_end: float,
-                 out: Path | None, *, wall0: float, t_wall: float, verbose: bool = False,
+                 out, *, wall0: float, t_wall: float, verbose: bool = False,
                  batched: bool = False):  # fmt: skip
         self.traj, self.rec, self.cfg, self.out = traj, rec, cfg, out
         self.y_np, self.t, self.t_end = y_np, t, t_end
         self.wall0, self.t_wall, self.verbose = wall0, t_wall, verbose
         self.name = rec.name
         self.moves = _STAGES[rec.name]
-        self.index = _stage_index(rec.name)
+        self.index = index_of_stage(rec.name)
         self.heads = tuple(rec.selected or ())
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
         self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
-        # the joint flow integrates the selector in log coordinates (_LogC; η_C = 0: C is constant,
+        # the joint flow integrates the selector in log coordinates (LogC; η_C = 0: C is constant,
         # kept in C so that it stays bit for bit)
         self.log_c = (rec.name == "joint" and cfg.solver.method_for(rec.name) != "gd"
                       and cfg.solver.joint_coords == "log" and cfg.schedule.eta_C > 0)  # fmt: skip
-        self.sign_C = _LogC.to_log(y_np["C"])[0] if self.log_c else None
+        self.sign_C = LogC.to_log(y_np["C"])[0] if self.log_c else None
         self.t_stage = time.perf_counter()
         self.wall_before, self.nfev_before = rec.wall, rec.nfev
         # evaluations: counted in the compiled program for explicit solvers (no host callback,
         # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
         # (the batched driver counts on the host: each replicate counts the batched evaluations)
-        self.in_program = (not (batched or _StageRun.host_count)
+        self.in_program = (not (batched or StageRun.host_count)
                            and cfg.solver.method_for(rec.name) in ("tsit5", "gd"))  # fmt: skip
-        self.tag = _new_tag()
+        self.tag = new_tag()
         self.nfev_program = 0
         self.segs: list[np.ndarray] = []
         self.j = 0
@@ -432,13 +405,13 @@ class _StageRun:
 
     def _clock(self) -> None:
         rec = self.rec
-        rec.nfev = self.nfev_before + _COUNTS.get(self.tag, 0) + self.nfev_program
+        rec.nfev = self.nfev_before + COUNTS.get(self.tag, 0) + self.nfev_program
         rec.wall = self.wall_before + time.perf_counter() - self.t_stage
         self.traj.wall = self.wall0 + time.perf_counter() - self.t_wall
 
     def _save(self) -> None:
         if self.out is not None:
-            save(self.traj, self.out)
+            self.out.save(self.traj)
 
     def fail(self, msg: str, t_fail: float) -> None:
         rec, traj = self.rec, self.traj
@@ -456,7 +429,7 @@ class _StageRun:
 
     def close(self) -> None:
         """Stop counting this run's evaluations."""
-        _COUNTS.pop(self.tag, None)
+        COUNTS.pop(self.tag, None)
 
     def start(self, finite0: bool) -> bool:
         """Begin the stage given whether ∇L̂ is finite at its start; whether solves follow."""
@@ -464,13 +437,13 @@ class _StageRun:
             self.fail(_NOT_FINITE_AT_START, self.t)
             return False
         cfg = self.cfg
-        if self.event_stage is not None and float(_event_value(self.name, self.y_np, cfg.schedule.delta,
+        if self.event_stage is not None and float(event_value(self.name, self.y_np, cfg.schedule.delta,
                                                                self.heads)) >= 0:  # fmt: skip
             self.end("event")
             return False
-        grid = _grid(self.rec.t0, self.t_end, cfg)
+        grid = save_grid(self.rec.t0, self.t_end, cfg)
         grid = grid[grid > self.t * (1 + 1e-12)]
-        self.segs = _segments(grid, cfg.solver.save_per_decade) if len(grid) else []
+        self.segs = split_segments(grid, cfg.solver.save_per_decade) if len(grid) else []
         if not self.segs:
             self.end("duration")
             return False
@@ -485,15 +458,15 @@ class _StageRun:
         i0 = min(int(np.searchsorted(traj.ts, self.rec.t0 * (1 - 1e-12))), len(traj.ts) - 1)
         st0 = traj.state(i0)
         dtype = self.cfg.estimator.jdtype
-        phi0 = _event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads)
-        return _f64(self.rec.t0), phi0
+        phi0 = event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads)
+        return as_f64(self.rec.t0), phi0
 
     def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
         """The j-th solve: its moving blocks' start, its start and end times, and its saved times."""
         seg = self.segs[self.j]
         y0 = {b: self.y_np[b] for b in self.moves}
         if self.log_c:
-            y0["C"] = _LogC.to_log(self.y_np["C"])[1]
+            y0["C"] = LogC.to_log(self.y_np["C"])[1]
         return y0, self.t, float(seg[-1]), seg
 
     def take(self, ts, ys: dict, result, stats):
@@ -501,7 +474,7 @@ class _StageRun:
         (``(ts, {"w", "C", "a"})``, or ``None``) and the solve's outcome for :meth:`settle`."""
         rec = self.rec
         if self.log_c:
-            ys = {**ys, "C": _LogC.from_log(self.sign_C, ys["C"])}
+            ys = {**ys, "C": LogC.from_log(self.sign_C, ys["C"])}
         if self.in_program:
             self.nfev_program += int(stats["nfev"])
         rec.steps += int(stats["num_accepted_steps"])
@@ -536,7 +509,7 @@ class _StageRun:
     def carry0(self, dtype):
         """The controller carry of the stage's first solve here: the saved one when the run was
         interrupted at this very point (a resumed run continues with these very steps), else fresh."""
-        carry = _fresh_carry(dtype)
+        carry = fresh_carry(dtype)
         saved = self.traj.controller
         here = saved is not None and saved.get("stage") == self.name and saved.get("t") == self.t
         if here and not self.cfg.solver.is_gd:
@@ -552,14 +525,14 @@ class _StageRun:
                                 "state": [np.asarray(x).item() for x in jax.tree.leaves(carry)]}  # fmt: skip
 
 
-def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
+def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
                wall0, t_wall):  # fmt: skip
-    """One stage of one run (the single driver of :class:`_StageRun`); raises its :class:`FlowError`."""
+    """One stage of one run (the single driver of :class:`StageRun`); raises its :class:`FlowError`."""
     dtype = cfg.estimator.jdtype
-    run = _StageRun(traj, rec, cfg, {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}, t, t_end, out,
+    run = StageRun(traj, rec, cfg, {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}, t, t_end, out,
                     wall0=wall0, t_wall=t_wall, verbose=verbose)  # fmt: skip
     # Checked before the (possibly long) solve: a non-finite field fails at once.
-    sl, finite0 = _stage_start(loss, y, run.moves)
+    sl, finite0 = stage_start(loss, y, run.moves)
     try:
         _solves(run, loss, sl, finite0)
     finally:
@@ -569,20 +542,20 @@ def _run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t
     return Params(**{b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
 
 
-def _solves(run: _StageRun, loss, sl, finite0) -> None:
+def _solves(run: StageRun, loss, sl, finite0) -> None:
     cfg, traj = run.cfg, run.traj
     dtype = cfg.estimator.jdtype
     if run.start(bool(finite0)):
         sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
         tag = None if run.in_program else jnp.asarray(run.tag)
-        vf = _VectorField(stage_loss=sl, scale=_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
+        vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
         sc = cfg.solver
         carry = run.carry0(dtype)
         steady_args = run.steady_args()
         while run.running:
             y0, t0, t1, seg = run.solve_args()
-            ts, ys, result, stats, carry = _export_cache.call(_solve_segment, (
-                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(seg), _f64(sc.eta),
+            ts, ys, result, stats, carry = cached_call(solve_segment, (
+                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
                 carry), dict(method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
                 delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
                 steady=run.steady, t_stage0=steady_args), result_at=2,

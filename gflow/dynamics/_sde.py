@@ -32,10 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .config import Config
-from .loss import PopulationLoss, make_loss
-from .model import Params, init_params
-from .sgd import SGDRun, _save_steps
+from ..config import Config
+from ..core import Params, PopulationLoss, init_params, make_loss
+from ._sgd import SGDRun, save_steps
 
 
 class SDEConfig(eqx.Module):
@@ -161,7 +160,7 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     terms = _Terms(loss=loss, sig_loss=sig_loss, lam=lam, unravel=unravel, noise=jnp.asarray(sc.noise * math.sqrt(sc.eta / sc.batch), dtype))
     dt = sc.step
     K = max(1, math.ceil(sc.t1 / dt - 1e-9))
-    ks = _save_steps(K, sc.save_per_decade)
+    ks = save_steps(K, sc.save_per_decade)
     ts = jnp.asarray(ks * dt, jnp.float64)
     base = jax.random.key(sc.seed)
     keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(sc.seeds))

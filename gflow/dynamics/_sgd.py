@@ -44,10 +44,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Config
-from .data import Sample, sample_fast_time_major
-from .loss import PopulationLoss, make_loss, resolve_layout
-from .model import CountFeatures, Params, features, init_params, window_code_count
+from ..config import Config
+from ..core import (
+    CountFeatures,
+    Params,
+    PopulationLoss,
+    Sample,
+    features,
+    init_params,
+    make_loss,
+    resolve_layout,
+    sample_fast_time_major,
+    window_code_count,
+)
 
 _SAMPLINGS = ("fresh", "fixed", "replace")
 _SHARDS = ("none", "seeds", "batch")
@@ -244,7 +253,7 @@ def _losses(loss: PopulationLoss, P: Params):
     return jax.lax.map(loss, P)
 
 
-def _save_steps(K: int, per_decade: int) -> np.ndarray:
+def save_steps(K: int, per_decade: int) -> np.ndarray:
     n = int(np.floor(per_decade * np.log10(K) + 1e-9)) + 1
     g = np.round(10.0 ** (np.arange(n) / per_decade)).astype(int)
     return np.unique(np.concatenate([[0], g[g < K], [K]]))
@@ -328,7 +337,7 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     _, (P, keys, _) = _sgd_runner(cfg, sc, loss, params0)
     stepper = _make_stepper(cfg, sc, loss)
-    ks = _save_steps(sc.steps, sc.save_per_decade)
+    ks = save_steps(sc.steps, sc.save_per_decade)
     saved = [P]
     for k0, k1 in itertools.pairwise(ks):
         P = _advance(stepper, P, keys, jnp.asarray(int(k0)), jnp.asarray(int(k1)))

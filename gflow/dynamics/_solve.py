@@ -15,16 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from .config import Config
-from .loss import PopulationLoss, StageLoss
-from .model import Params
+from ..config import Config
+from ..core import Params, PopulationLoss, StageLoss
 
 # ---------------------------------------------------------------------------
 # Vector field and events
 # ---------------------------------------------------------------------------
 
 
-def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
+def block_scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
     # arrays, not static floats: runs that differ only in (η_w, η_C, η_a) share the compiled solve
     eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
     return {b: jnp.asarray(eta[b], dtype) for b in moves}
@@ -33,7 +32,7 @@ def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
 # Vector-field evaluations. Two ways to count them:
 #
 # - in the program (the single driver with "tsit5" or "gd"): an explicit solver's evaluations
-#   are a known function of what the solve did (see _solve_segment's ``nfev``), computed from
+#   are a known function of what the solve did (see solve_segment's ``nfev``), computed from
 #   diffrax's step counts and the controller state. The compiled program then has no host
 #   callback, so JAX's persistent compilation cache can keep it: a program with a callback is
 #   never written to that cache (the callback is a pointer into the process), and the three
@@ -45,32 +44,32 @@ def _scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
 #   of a batch counts the evaluations of the batched field.
 #
 # tests/test_flow.py checks that both ways give the same count.
-_COUNTS: dict[int, int] = {}
+COUNTS: dict[int, int] = {}
 _TAGS = itertools.count()
 
 
-def _new_tag() -> int:
+def new_tag() -> int:
     tag = next(_TAGS)
-    _COUNTS[tag] = 0
+    COUNTS[tag] = 0
     return tag
 
 
 def _tick(tag) -> None:
     t = int(tag)
-    if t in _COUNTS:
-        _COUNTS[t] += 1
+    if t in COUNTS:
+        COUNTS[t] += 1
 
 
-class _VectorField(eqx.Module):
+class VectorField(eqx.Module):
     """``−Λ ∇L̂`` restricted to the moving blocks: the ODE state is the dict of
     moving blocks only, so frozen blocks stay bit-for-bit fixed and an
     implicit solver's Jacobian is only as large as what moves."""
 
     stage_loss: StageLoss
     scale: dict
-    tag: jax.Array | None = None  # the run's evaluation counter (see _new_tag); None: not counted
+    tag: jax.Array | None = None  # the run's evaluation counter (see new_tag); None: not counted
 
-    # joint schedule: when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see _LogC)
+    # joint schedule: when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see LogC)
     sign_C: jax.Array | None = None
 
     def __call__(self, t, y: dict, args) -> dict:
@@ -79,7 +78,7 @@ class _VectorField(eqx.Module):
         if self.sign_C is None:
             g = jax.grad(self.stage_loss)(y)
             return {b: -self.scale[b] * g[b] for b in y}
-        return _LogC.field(self, y)
+        return LogC.field(self, y)
 
 
 class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
@@ -140,7 +139,7 @@ def _fresh_first():
 # --- joint flow in log-selector coordinates -------------------------------------------------------
 
 
-class _LogC:
+class LogC:
     """The joint flow with the selector in log coordinates ``ℓ_S = log|C_S|``.
 
     Exact change of variables (not an approximation): ``∂L/∂C_S = 2 C_S ∂L/∂c_S``
@@ -175,7 +174,7 @@ class _LogC:
     @staticmethod
     def field(vf, y: dict) -> dict:
         ell = y["C"]
-        lo = _LogC.floor(ell.dtype)
+        lo = LogC.floor(ell.dtype)
         Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
         g = jax.grad(vf.stage_loss)({**y, "C": Cc})
         safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
@@ -186,7 +185,7 @@ class _LogC:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
+def event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
     """Real-valued event function, crossing zero upwards at the stage's event."""
     if stage == "I":
         c = y["C"] ** 2
@@ -196,7 +195,7 @@ def _event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
     return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
 
 
-def _event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
+def event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
     """What a stage's event reads: ``c/Σc`` (Stage I) or the attention rows
     ``s^(h)`` of the selected heads (Stage II)."""
     if stage == "I":
@@ -215,7 +214,7 @@ def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
     """Boolean steady-state condition of a stage with an event (extension):
     ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
     ``rtol = 0``) applied to ``τ·dφ/dt``, and ``τ‖dφ/dt‖ < STEADY_FRACTION·‖φ − φ₀‖``,
-    where ``φ`` are the coordinates the event reads (:func:`_event_coordinates`),
+    where ``φ`` are the coordinates the event reads (:func:`event_coordinates`),
     ``dφ/dt = Jφ·f`` along the vector field ``f = −Λ∇L̂`` (the moving block's
     gradient times its time scale), ``τ = t − t_stage0`` the stage's elapsed
     time and ``φ₀`` the coordinates at the stage's start (the solve's ``args``
@@ -245,7 +244,7 @@ def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
         t_stage0, phi0 = args
         tau = jnp.maximum(t - t_stage0, 0.0)
         f = terms.vf(t, y, args)
-        phi, dphi = jax.jvp(lambda y_: _event_coordinates(stage, y_, heads), (y,), (f,))
+        phi, dphi = jax.jvp(lambda y_: event_coordinates(stage, y_, heads), (y,), (f,))
         rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
         small = base(t, jnp.zeros_like(dphi), args, terms=rate, **kwargs)
         decelerated = tau * inf_norm(dphi) < STEADY_FRACTION * inf_norm(phi - phi0)
@@ -260,7 +259,7 @@ def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
 # ---------------------------------------------------------------------------
 
 
-def _fresh_carry(dtype):
+def fresh_carry(dtype):
     """The controller carry of a stage's first solve: no previous step."""
     # float64 whatever the state's dtype: diffrax's PID step leaves its state in the (float64) time
     # dtype, and the loop carry must keep its dtypes (a float32 state crashed here)
@@ -269,7 +268,7 @@ def _fresh_carry(dtype):
 
 
 @eqx.filter_jit
-def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
+def solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_steps, delta, event_stage, heads,
                    progress, steady=False, t_stage0=None):  # fmt: skip
     """One ``diffeqsolve`` over ``[t0, t1]`` saving at ``ts`` (and ``t1``).
 
@@ -279,7 +278,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
     event, ended it.
 
     ``carry`` is the step-size controller's state at the end of the previous
-    solve of the stage (:func:`_fresh_carry` for the first); the controller
+    solve of the stage (:func:`fresh_carry` for the first); the controller
     state at the end of this one is returned. Only solver settings are static,
     so runs that differ in durations, seeds, data or time scales reuse the
     compiled solve.
@@ -307,7 +306,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
         controller_state = (pid_state, dt0, _fresh_first())
     event = None
     if event_stage is not None:
-        fn = lambda t, y, args, **kw: _event_value(event_stage, y, delta, heads)  # noqa: E731
+        fn = lambda t, y, args, **kw: event_value(event_stage, y, delta, heads)  # noqa: E731
         if method == "gd":
             # gradient descent stops at the first iterate where the condition holds
             event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
@@ -349,7 +348,7 @@ def _solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_st
 
 
 def _tsit5_nfev(num_steps, accepted, n_first, continued, steady):
-    """The vector-field evaluations of one Tsit5 ``diffeqsolve`` of :func:`_solve_segment`,
+    """The vector-field evaluations of one Tsit5 ``diffeqsolve`` of :func:`solve_segment`,
     from what it did (no host callback needed; tests/test_flow.py checks it against the
     host counter):
 
@@ -372,7 +371,7 @@ def _tsit5_nfev(num_steps, accepted, n_first, continued, steady):
 
 
 @eqx.filter_jit
-def _stats_at(loss: PopulationLoss, ys: Params):
+def stats_at(loss: PopulationLoss, ys: Params):
     st = jax.lax.map(loss.stats, ys)
     return st
 
@@ -382,7 +381,7 @@ def _stats_at(loss: PopulationLoss, ys: Params):
 # ---------------------------------------------------------------------------
 
 
-def _grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
+def save_grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
     """Saved times of a stage in ``(t0, t_end]``: ``t0 + τ`` with τ on a
     logarithmic grid of ``save_per_decade`` points a decade from ``tau_min``
     (each stage's clock starts at its start), ending exactly at ``t_end``; on
@@ -404,7 +403,7 @@ def _grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
     return np.unique(g)
 
 
-def _segments(grid: np.ndarray, size: int) -> list[np.ndarray]:
+def split_segments(grid: np.ndarray, size: int) -> list[np.ndarray]:
     """Split the grid into solves of ``size`` points (a decade), each padded
     with its end: every solve of every run with the same solver settings has
     one shape, so it compiles once."""
@@ -412,5 +411,5 @@ def _segments(grid: np.ndarray, size: int) -> list[np.ndarray]:
     return [np.concatenate([p, np.full(size - len(p), p[-1])]) for p in parts]
 
 
-def _f64(x):
+def as_f64(x):
     return jnp.asarray(x, dtype=jnp.float64)

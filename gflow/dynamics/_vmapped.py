@@ -30,7 +30,7 @@ them as one batch:
   static argument of the compiled solve, so the replicates are grouped by
   their selected set: the largest group runs on the whole batch (the others'
   members idle in it, so the compiled shapes do not change), every other group
-  as its own batch (a group of one runs ``_run_stage`` itself);
+  as its own batch (a group of one runs ``run_stage`` itself);
 - a replicate whose stage cannot start (a non-finite gradient), whose solve
   fails or whose state becomes non-finite is marked as
   :func:`gflow.integrate` marks it (``ended_by = "failed"``, status
@@ -59,41 +59,34 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import Config, refuse_sgd
-from .flow import (
+from .._util import versions
+from ..config import Config, refuse_sgd
+from ..core import Params, PopulationLoss, init_params, make_loss, resolve_layout
+from ..trajectory import StageRecord, Trajectory
+from ._flow import (
     FlowError,
-    _append_rows,
-    _check_params,
-    _f64,
-    _fresh_carry,
-    _params_from,
-    _plan,
-    _run_stage,
-    _scales,
-    _selected,
-    _solve_segment,
-    _stage_index,
-    _stage_record,
-    _stage_start,
-    _StageRun,
-    _stats_at,
-    _VectorField,
+    StageRun,
+    append_rows,
+    check_params,
     check_resumable,
+    index_of_stage,
     integrate,
-    versions,
+    params_from,
+    run_stage,
+    stage1_selection,
+    stage_plan,
+    stage_record,
+    stage_start,
 )
-from .loss import PopulationLoss, make_loss, resolve_layout
-from .model import Params, init_params
-from .trajectory import StageRecord, Trajectory, load, lock, save
+from ._solve import VectorField, as_f64, block_scales, fresh_carry, solve_segment, stats_at
 
-__all__ = ["integrate_batch", "sample_bytes"]
+__all__ = ["integrate_batch_with_errors", "sample_bytes"]
 
 _BLOCKS = ("w", "C", "a")
 
@@ -112,56 +105,6 @@ def sample_bytes(config: Config) -> int:
         return N * (d * (d + 1) ** M * item + 8 + d * item)
     self_match = (L + 1) * M * M * item if model.norm == "layer" else 0
     return N * (L * M * M * item + self_match + L * 8 + d * item)
-
-
-def integrate_batch(
-    configs: list[Config],
-    *,
-    outs: list[str | Path | None] | None = None,
-    resume: bool | list[bool] = False,
-    overwrite: bool = False,
-    verbose: bool = False,
-    throw: bool = True,
-) -> list[Trajectory]:
-    """Integrate the gradient flows of `configs` as one vmapped batch.
-
-    **Arguments:**
-
-    - `configs`: the runs; they must differ only in ``estimator.seed``.
-    - `outs`: one folder (or ``None``) per configuration: each trajectory is
-      written there as :func:`gflow.integrate` writes it (after every solve,
-      at the end of every stage, at the end).
-    - `resume`: continue the runs saved in `outs` (one flag for all, or one
-      per configuration), each as :func:`gflow.integrate` with ``resume=True``
-      continues it: from its own last saved state and time, with its saved
-      step-size controller state, up to the (possibly later) end times of its
-      configuration (:func:`gflow.flow.check_resumable`). Resumed and new
-      runs may share a batch: a replicate idles through the stages it has
-      already completed.
-    - `overwrite`: allow writing over runs already saved in `outs` (those not resumed).
-    - `verbose`: a line per batched solve.
-    - `throw`: after the whole batch has run, raise the first failed
-      replicate's :class:`~gflow.FlowError` (default, like
-      :func:`gflow.integrate`); with ``throw=False`` every trajectory is
-      returned, a failed one with the status ``"failed: …"``.
-
-    **Returns:** one :class:`~gflow.trajectory.Trajectory` per configuration,
-    equal to :func:`gflow.integrate` of it (resuming it, if resumed) to
-    rounding (statistics as in the module docstring). A failed replicate's trajectory has the status
-    ``"failed: …"`` that :func:`gflow.integrate` would have raised with; it
-    is kept (and written to its folder) whatever `throw` is.
-
-    **Raises:** ``ValueError`` for an empty list, configurations that differ
-    in more than the seed, `outs` or `resume` of another length, a folder that
-    already holds a run (without `overwrite` or `resume`), or a saved run that
-    cannot be resumed with its configuration; what :func:`gflow.trajectory.load`
-    raises for a resumed folder without a readable run.
-    """
-    trajs, errors = _integrate_batch(configs, outs=outs, resume=resume, overwrite=overwrite, verbose=verbose)
-    first = next((e for e in errors if e is not None), None)
-    if throw and first is not None:
-        raise first
-    return trajs
 
 
 # ---------------------------------------------------------------------------
@@ -188,23 +131,23 @@ def _take(loss_b: PopulationLoss, idx) -> PopulationLoss:
 
 @eqx.filter_jit
 def _stage_start_batch(loss_b: PopulationLoss, y_b: Params, moves: tuple[str, ...]):
-    return eqx.filter_vmap(lambda L, y: _stage_start(L, y, moves))(loss_b, y_b)
+    return eqx.filter_vmap(lambda L, y: stage_start(L, y, moves))(loss_b, y_b)
 
 
 @eqx.filter_jit
 def _solve_batch(vf, y0, t0, t1, ts, dt0, carry, t_stage0=None, **settings):
-    """``_solve_segment`` of every replicate (leading axis of every argument
+    """``solve_segment`` of every replicate (leading axis of every argument
     but `dt0`; `t_stage0`: each replicate's stage start and event coordinates
     there, for the steady test), one batched ``diffeqsolve``."""
     def one(vf, y0, t0, t1, ts, carry, t_stage0):
-        return _solve_segment(vf, y0, t0, t1, ts, dt0, carry, t_stage0=t_stage0, **settings)
+        return solve_segment(vf, y0, t0, t1, ts, dt0, carry, t_stage0=t_stage0, **settings)
 
     return eqx.filter_vmap(one)(vf, y0, t0, t1, ts, carry, t_stage0)
 
 
 @eqx.filter_jit
 def _stats_batch(loss_b: PopulationLoss, ys_b: Params):
-    return eqx.filter_vmap(_stats_at)(loss_b, ys_b)
+    return eqx.filter_vmap(stats_at)(loss_b, ys_b)
 
 
 def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
@@ -235,7 +178,7 @@ def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
         ts, v = rows[r]
         n = len(ts)
         st = jax.tree.map(lambda x, k=k, n=n: np.asarray(x)[k, :n], st_b)
-        _append_rows(trajs[r], ts, v, st, stage_index=stage_index)
+        append_rows(trajs[r], ts, v, st, stage_index=stage_index)
 
 
 # ---------------------------------------------------------------------------
@@ -278,14 +221,14 @@ class _Runs:
         self.alive = list(range(R))
 
 
-def _integrate_batch(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
+def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
     """:func:`integrate_batch`, also returning each replicate's :class:`FlowError` (or ``None``)."""
     cfgs = list(configs)
     if cfgs:
         refuse_sgd(cfgs[0], "gflow.integrate_batch")
     _check_batch(cfgs)
     R = len(cfgs)
-    outs = [None] * R if outs is None else [None if o is None else Path(o) for o in outs]
+    outs = [None] * R if outs is None else list(outs)
     resume = [bool(resume)] * R if isinstance(resume, (bool, np.bool_)) else [bool(x) for x in resume]
     for what, n in (("folders in `outs`", len(outs)), ("flags in `resume`", len(resume))):
         if n != R:
@@ -293,7 +236,7 @@ def _integrate_batch(configs, *, outs=None, resume=False, overwrite=False, verbo
     for o, again in zip(outs, resume):
         if again and o is None:
             raise ValueError("resume=True needs the run folder in `outs`")
-        if o is not None and not again and (o / "run.json").exists() and not overwrite:
+        if o is not None and not again and o.holds_run() and not overwrite:
             raise ValueError(f"{str(o)!r} already holds a run: pass overwrite=True or choose another folder")
     if R == 1:
         try:
@@ -303,7 +246,7 @@ def _integrate_batch(configs, *, outs=None, resume=False, overwrite=False, verbo
     with contextlib.ExitStack() as held:  # every replicate's folder locked for the whole batch
         for o in outs:
             if o is not None:
-                held.enter_context(lock(o))
+                held.enter_context(o.lock())
         return _integrate_batch_locked(cfgs, outs, resume, verbose)
 
 
@@ -314,20 +257,20 @@ def _integrate_batch_locked(cfgs, outs, resume, verbose):
     saved = {}
     for r, (c, o) in enumerate(zip(cfgs, outs)):
         if resume[r]:
-            saved[r] = load(o)
+            saved[r] = o.load()
             check_resumable(saved[r], c)
     params0 = None
     if len(saved) < len(cfgs):
         params0 = init_params(cfg.model, cfg.init, dtype=cfg.estimator.jdtype)
-        _check_params(params0, cfg)
+        check_params(params0, cfg)
     loss_b = _stack([make_loss(c.data, c.model, c.estimator) for c in cfgs])
     _begin(runs, saved, params0, loss_b)
-    for name, duration in _plan(cfg):
+    for name, duration in stage_plan(cfg):
         if not runs.alive:
             break
         recs = {}
         for r in runs.alive:  # a replicate that has completed this stage already (resumed) idles through it
-            rec = _stage_record(runs.trajs[r], name, duration, runs.t[r], select=_selected)
+            rec = stage_record(runs.trajs[r], name, duration, runs.t[r], select=stage1_selection)
             if rec is not None:
                 recs[r] = rec
         _run_groups(runs, recs, loss_b, duration)
@@ -336,7 +279,7 @@ def _integrate_batch_locked(cfgs, outs, resume, verbose):
         tr.status = "complete"
         tr.wall = runs.wall0[r] + time.perf_counter() - runs.t_wall
         if outs[r] is not None:
-            save(tr, outs[r])
+            outs[r].save(tr)
     return runs.trajs, runs.errors
 
 
@@ -351,7 +294,7 @@ def _begin(runs: _Runs, saved: dict[int, Trajectory], params0: Params | None, lo
         if r in saved:
             tr = saved[r]
             tr.config, tr.status = c, "running"  # was "interrupted", "failed: …" or "complete"
-            y = _params_from(tr, -1, dtype)
+            y = params_from(tr, -1, dtype)
             runs.t[r], runs.wall0[r] = float(tr.ts[-1]), tr.wall
         else:
             tr = Trajectory.empty(c, cfg.model.H, cfg.model.M, len(cfg.model.subsets))
@@ -361,7 +304,7 @@ def _begin(runs: _Runs, saved: dict[int, Trajectory], params0: Params | None, lo
         runs.trajs.append(tr)
         runs.y[r] = {b: np.asarray(getattr(y, b)) for b in _BLOCKS}
     members = list(range(len(runs.cfgs)))
-    _append_batch(runs.trajs, loss_b, members, first, stage_index=_stage_index(_plan(cfg)[0][0]))
+    _append_batch(runs.trajs, loss_b, members, first, stage_index=index_of_stage(stage_plan(cfg)[0][0]))
 
 
 def _run_groups(runs: _Runs, recs: dict[int, StageRecord], loss_b, duration: float) -> None:
@@ -386,7 +329,7 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
     dtype = cfg.estimator.jdtype
     y = Params(**{b: jnp.asarray(v, dtype) for b, v in runs.y[r].items()})
     try:
-        y, t = _run_stage(runs.trajs[r], rec, _take(loss_b, r), cfg, y, runs.t[r], rec.t0 + duration, runs.outs[r],
+        y, t = run_stage(runs.trajs[r], rec, _take(loss_b, r), cfg, y, runs.t[r], rec.t0 + duration, runs.outs[r],
                           runs.verbose, runs.wall0[r], runs.t_wall)  # fmt: skip
     except FlowError as e:
         runs.errors[r] = e
@@ -404,7 +347,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
     others given zero-length solves (``t0 = t1``)."""
     r0 = active[0]
     dtype = runs.cfgs[r0].estimator.jdtype
-    stage = {r: _StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
+    stage = {r: StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
                           runs.outs[r], wall0=runs.wall0[r], t_wall=runs.t_wall, batched=True)
              for r in active}  # fmt: skip
     y_b = Params(**{b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in _BLOCKS})
@@ -435,13 +378,13 @@ def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], go
     of = [stage.get(r, run0) for r in members]
     name, cfg = run0.name, run0.cfg
     sc, dtype, B = cfg.solver, cfg.estimator.jdtype, len(members)
-    scale = {b: jnp.broadcast_to(v, (B,)) for b, v in _scales(cfg, run0.moves, dtype).items()}
+    scale = {b: jnp.broadcast_to(v, (B,)) for b, v in block_scales(cfg, run0.moves, dtype).items()}
     # idle members count under tag -1, which no run holds
     tags = jnp.asarray([stage[r].tag if r in stage else -1 for r in members])
     sign_C = None
     if run0.log_c:  # the joint selector in log coordinates, each replicate's own signs
         sign_C = jnp.asarray(np.stack([run.sign_C for run in of]), dtype)
-    vf = _VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C)
+    vf = VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C)
     settings = {
         "method": sc.method_for(name), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
         "delta": cfg.schedule.delta, "event_stage": run0.event_stage, "heads": run0.heads, "progress": False,
@@ -452,7 +395,7 @@ def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], go
         t_stage0 = jax.tree.map(lambda *xs: jnp.stack(xs), *[run.steady_args() for run in of])
     # each replicate's controller carry: a resumed one continues with its saved one (as gflow.integrate)
     carry = jax.tree.map(lambda *xs: jnp.stack(xs),
-                         *[stage[r].carry0(dtype) if r in going else _fresh_carry(dtype) for r in members])  # fmt: skip
+                         *[stage[r].carry0(dtype) if r in going else fresh_carry(dtype) for r in members])  # fmt: skip
     while going:
         t0 = np.array([runs.t[r] for r in members])
         t1, ts = t0.copy(), np.repeat(t0[:, None], sc.save_per_decade, axis=1)
@@ -463,8 +406,8 @@ def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], go
                 for b in run0.moves:
                     y0[b][k] = y0k[b]
         ts_b, ys_b, result_b, stats_b, new_carry = _solve_batch(
-            vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, _f64(t0), _f64(t1), _f64(ts),
-            _f64(sc.eta), carry, t_stage0, **settings,
+            vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(ts),
+            as_f64(sc.eta), carry, t_stage0, **settings,
         )  # fmt: skip
         # a replicate's carry moves on only with its own solves
         carry = _where(np.array([r in going for r in members]), new_carry, carry)

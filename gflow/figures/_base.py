@@ -8,20 +8,19 @@ import dataclasses
 
 import numpy as np
 
-from ._gih import StageIIILaw
-from ._io import STAGE_CODES
-from .theory import Theory, selected_set
-from .trajectory import StageRecord, Trajectory
+from .._util import STAGE_CODES
+from ..theory import StageIIILaw, Theory
+from ..trajectory import StageRecord, Trajectory, selected_set
 
-_STAGE_CODE = STAGE_CODES
-_FORMATS = ("png", "svg", "pdf")
+STAGE_CODE = STAGE_CODES
+FORMATS = ("png", "svg", "pdf")
 DPI = 120
 
 # Figure sizes in inches: the single figures, and the one-page summary.
-_SIZE_STAGES = (13.0, 4.6)
-_SIZE_SINGLE = (7.5, 5.0)
-_SIZE_COPIER = (9.5, 4.2)
-_SIZE_SUMMARY = (15.0, 9.0)
+SIZE_STAGES = (13.0, 4.6)
+SIZE_SINGLE = (7.5, 5.0)
+SIZE_COPIER = (9.5, 4.2)
+SIZE_SUMMARY = (15.0, 9.0)
 
 
 # ---------------------------------------------------------------------------
@@ -44,7 +43,7 @@ class _Segment:
         else:
             head = f"Stage {r.name} ({', '.join(r.moves)} moves)"
         end = r.ended_by if r.complete or r.ended_by == "failed" else "running"
-        lines = [head, f"t = {_g(r.t0)} → {_g(r.t1)}"]
+        lines = [head, f"t = {fmt_g(r.t0)} → {fmt_g(r.t1)}"]
         if not compact:
             lines[-1] += f" (ended by {end})" if extra is None else ""
             lines += [f"ended by {end}"] if extra is not None else []
@@ -62,11 +61,11 @@ class _Segment:
         return float(np.log10(t.max() / t.min())) if t.size > 1 else 0.0
 
 
-def _g(x: float) -> str:
+def fmt_g(x: float) -> str:
     return "0" if x == 0 else f"{x:.3g}"
 
 
-def _segments(traj: Trajectory, names=None) -> list[_Segment]:
+def stage_segments(traj: Trajectory, names=None) -> list[_Segment]:
     """One :class:`_Segment` per stage with saved points (optionally only the
     stages named in `names`)."""
     if len(traj) == 0:
@@ -75,7 +74,7 @@ def _segments(traj: Trajectory, names=None) -> list[_Segment]:
     for rec in traj.stages:
         if names is not None and rec.name not in names:
             continue
-        idx = np.flatnonzero(traj.stage == _STAGE_CODE.get(rec.name, -1))
+        idx = np.flatnonzero(traj.stage == STAGE_CODE.get(rec.name, -1))
         if idx.size:
             segs.append(_Segment(rec, idx, traj.ts[idx] - rec.t0))
     if not segs:
@@ -84,7 +83,7 @@ def _segments(traj: Trajectory, names=None) -> list[_Segment]:
     return segs
 
 
-def _stage_axes(fig, segs: list[_Segment], min_frac: float):
+def stage_axes(fig, segs: list[_Segment], min_frac: float):
     """One axis per stage, sharing y, widths proportional to the decades of τ
     shown (at least `min_frac` of the widest)."""
     dec = np.array([s.decades for s in segs])
@@ -100,23 +99,23 @@ def _stage_axes(fig, segs: list[_Segment], min_frac: float):
     return axes
 
 
-def _a_segment(traj: Trajectory) -> _Segment | None:
+def a_segment(traj: Trajectory) -> _Segment | None:
     """The stage in which ``a`` moves: Stage III (staged) or the joint phase."""
     for name in ("III", "joint"):
         try:
-            return _segments(traj, (name,))[0]
+            return stage_segments(traj, (name,))[0]
         except ValueError:
             continue
     return None
 
 
-def _new_figure(size):
+def new_figure(size):
     from matplotlib.figure import Figure
 
     return Figure(figsize=size, dpi=DPI, layout="constrained")
 
 
-def _root(fig):
+def root_figure(fig):
     return fig.figure  # a SubFigure's .figure is the root Figure; a Figure's is itself
 
 
@@ -127,7 +126,7 @@ def _as_theory(theory):
     return Theory.from_json(theory)
 
 
-def _stage3(traj: Trajectory, theory) -> StageIIILaw | None:
+def stage3_law_of(traj: Trajectory, theory) -> StageIIILaw | None:
     """The GIH law of the set Stage I selected (README §M8.1: Stage III follows the
     selected set), else of the theory's ``S*``."""
     theory = _as_theory(theory)
@@ -137,31 +136,31 @@ def _stage3(traj: Trajectory, theory) -> StageIIILaw | None:
     return theory.laws[S] if S in theory.laws else theory.laws.get(theory.S_star)
 
 
-def _window(traj: Trajectory, theory) -> tuple[float, float] | None:
-    law = _stage3(traj, theory)
+def validity_window(traj: Trajectory, theory) -> tuple[float, float] | None:
+    law = stage3_law_of(traj, theory)
     if law is None or not all(np.isfinite(law.window)):
         return None
     return float(law.window[0]), float(law.window[1])
 
 
-def _s_star(traj: Trajectory, theory) -> tuple[int, ...] | None:
+def s_star(traj: Trajectory, theory) -> tuple[int, ...] | None:
     theory = _as_theory(theory)
     return None if theory is None else theory.S_star
 
 
-def _selected_heads(traj: Trajectory, theory: Theory | dict | None) -> tuple[int, ...]:
+def selected_heads(traj: Trajectory, theory: Theory | dict | None) -> tuple[int, ...]:
     """Stage II's heads (the set Stage I selected), else the theory's ``S*``."""
     for r in traj.stages:
         if r.selected:
             return tuple(r.selected)
-    return _s_star(traj, theory) or ()
+    return s_star(traj, theory) or ()
 
 
-def _label(S) -> str:
+def set_text(S) -> str:
     return "∅" if not S else "{" + ",".join(map(str, S)) + "}"
 
 
-def _rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def measured_rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Measured ``∂ₜa = −η_a ∂L̂/∂a`` and its SE at the saved indices."""
     eta = float(traj.config.schedule.eta_a)
     return -eta * traj.grad_a[idx], eta * traj.grad_se_a[idx]

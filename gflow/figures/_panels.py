@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._fit import linear_fit
-from ._plot_base import (
-    _SIZE_COPIER,
-    _SIZE_SINGLE,
-    _SIZE_STAGES,
-    _a_segment,
-    _g,
-    _label,
-    _new_figure,
-    _rate,
-    _root,
-    _s_star,
-    _segments,
-    _selected_heads,
-    _stage3,
-    _stage_axes,
-    _window,
+from .._util import linear_fit
+from ..theory import Theory
+from ..trajectory import Trajectory
+from ._base import (
+    SIZE_COPIER,
+    SIZE_SINGLE,
+    SIZE_STAGES,
+    a_segment,
+    fmt_g,
+    measured_rate,
+    new_figure,
+    root_figure,
+    s_star,
+    selected_heads,
+    set_text,
+    stage3_law_of,
+    stage_axes,
+    stage_segments,
+    validity_window,
 )
-from .theory import Theory
-from .trajectory import Trajectory
 
 # ---------------------------------------------------------------------------
 # The fit of a against log τ
@@ -45,8 +45,8 @@ def fit_a_log_tau(traj: Trajectory, theory: Theory | dict | None) -> dict | None
     ``None`` when there is no window, no moving ``a``, or fewer than two points
     in the window.
     """
-    win = _window(traj, theory)
-    seg = _a_segment(traj)
+    win = validity_window(traj, theory)
+    seg = a_segment(traj)
     if win is None or seg is None:
         return None
     a = traj.a[seg.idx]
@@ -83,10 +83,10 @@ def plot_c_frac(
     """
     import matplotlib as mpl
 
-    segs = _segments(traj, stages)
-    fig = _new_figure(_SIZE_STAGES) if fig is None else fig
-    axes = _stage_axes(fig, segs, 0.3)
-    S_star = _s_star(traj, theory)
+    segs = stage_segments(traj, stages)
+    fig = new_figure(SIZE_STAGES) if fig is None else fig
+    axes = stage_axes(fig, segs, 0.3)
+    S_star = s_star(traj, theory)
     cf = traj.c_frac
     colors = mpl.colormaps["tab10"].colors
     for ax, seg in zip(axes, segs):
@@ -106,7 +106,7 @@ def plot_c_frac(
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(r"$c_S\,/\,\Sigma c$")
     axes[0].set_ylim(-0.03, 1.03)
-    star = "" if S_star is None else rf"; thick: $S^* = \arg\max\,\tilde I$ = {_label(S_star)}"
+    star = "" if S_star is None else rf"; thick: $S^* = \arg\max\,\tilde I$ = {set_text(S_star)}"
     handles, labels = axes[0].get_legend_handles_labels()
     if compact:
         axes[0].legend(
@@ -124,7 +124,7 @@ def plot_c_frac(
             ncol=1 if len(labels) <= 12 else 2,
         )
         fig.suptitle(rf"selector weights $c_S/\Sigma c$ for every S in $\mathcal{{S}}${star}", fontsize=11)
-    return _root(fig)
+    return root_figure(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -149,11 +149,11 @@ def plot_copier(
     """
     from matplotlib.patches import Rectangle
 
-    fig = _new_figure(_SIZE_COPIER) if fig is None else fig
+    fig = new_figure(SIZE_COPIER) if fig is None else fig
     axes = fig.subplots(1, 2, squeeze=False)[0]
     s = traj.s
     H, M = s.shape[1:]
-    heads = _selected_heads(traj, theory)
+    heads = selected_heads(traj, theory)
     n = len(traj)
     digits = 2 if compact and M > 3 else 3
     fs = (8 if compact else 9) if M <= 5 else (7 if M <= 8 else 5)
@@ -182,17 +182,17 @@ def plot_copier(
         if k == 0:
             ax.set_ylabel("head h")
         stage = {0: "joint", 1: "Stage I", 2: "Stage II", 3: "Stage III"}.get(int(traj.stage[i]), "")
-        ax.set_title(f"{what}: t = {_g(float(traj.ts[i]))} ({stage})", fontsize=9 if compact else 10)
+        ax.set_title(f"{what}: t = {fmt_g(float(traj.ts[i]))} ({stage})", fontsize=9 if compact else 10)
     cb = fig.colorbar(im, ax=list(axes), shrink=0.9)
     cb.set_label(r"$s^{(h)}_m$")
-    sel = f"; red: heads {_label(heads)}" if heads else ""
+    sel = f"; red: heads {set_text(heads)}" if heads else ""
     if compact:
         pre = "" if any(r.name == "joint" for r in traj.stages) else "Stage II: "
         fig.suptitle(rf"{pre}copier attention $s^{{(h)}}${sel}", fontsize=10)
     else:
-        sel = rf"; red outline: $s^{{(h)}}_h$ of the selected heads {_label(heads)}" if heads else ""
+        sel = rf"; red outline: $s^{{(h)}}_h$ of the selected heads {set_text(heads)}" if heads else ""
         fig.suptitle(rf"copier attention $s^{{(h)}} = \mathrm{{softmax}}(w^{{(h)}})${sel}", fontsize=11)
-    return _root(fig)
+    return root_figure(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -208,8 +208,8 @@ def plot_a_vs_logt(traj: Trajectory, theory: Theory | dict | None = None, *, ax=
     its slope in the legend, 4 decimals) and a slope-1 reference through the
     same points (the paper's ``a = log t + O(1)``)."""
     if ax is None:
-        ax = _new_figure(_SIZE_SINGLE).subplots()
-    seg = _a_segment(traj)
+        ax = new_figure(SIZE_SINGLE).subplots()
+    seg = a_segment(traj)
     if seg is None:
         ax.text(
             0.5,
@@ -220,11 +220,11 @@ def plot_a_vs_logt(traj: Trajectory, theory: Theory | dict | None = None, *, ax=
             transform=ax.transAxes,
         )
         ax.set_axis_off()
-        return _root(ax.figure)
+        return root_figure(ax.figure)
     pos = seg.tau > 0
     tau, a = seg.tau[pos], traj.a[seg.idx[pos]]
-    win = _window(traj, theory)
-    s3 = _stage3(traj, theory)
+    win = validity_window(traj, theory)
+    s3 = stage3_law_of(traj, theory)
     if win is not None:
         what = "window" if compact else r"validity window $F e^a \geq C^*/2$:"
         ax.axhspan(
@@ -284,7 +284,7 @@ def plot_a_vs_logt(traj: Trajectory, theory: Theory | dict | None = None, *, ax=
         ax.set_title(rf"{stage}: $a$ against {logt}", fontsize=10)
     else:
         ax.set_title(rf"{stage}: $a$ against {logt}; {note}", fontsize=10)
-    return _root(ax.figure)
+    return root_figure(ax.figure)
 
 
 # ---------------------------------------------------------------------------
@@ -299,14 +299,14 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
     ``C* = max F·e^a`` (and ``C*/2``), the validity window (shaded) and ``a*``
     (README §M6.4)."""
     if ax is None:
-        ax = _new_figure(_SIZE_SINGLE).subplots()
-    seg = _a_segment(traj)
-    s3 = _stage3(traj, theory)
-    win = _window(traj, theory)
+        ax = new_figure(SIZE_SINGLE).subplots()
+    seg = a_segment(traj)
+    s3 = stage3_law_of(traj, theory)
+    win = validity_window(traj, theory)
     a_meas = r_meas = None
     if seg is not None:
         a_meas = traj.a[seg.idx]
-        r, rse = _rate(traj, seg.idx)
+        r, rse = measured_rate(traj, seg.idx)
         ea = np.exp(a_meas)
         r_meas = r * ea
         ax.errorbar(
@@ -380,4 +380,4 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
         )
     if seg is None:
         ax.text(0.5, 0.9, "a never moves in this run", ha="center", transform=ax.transAxes)
-    return _root(ax.figure)
+    return root_figure(ax.figure)

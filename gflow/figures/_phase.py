@@ -12,15 +12,18 @@ import numpy as np
 _GREY = (0.85, 0.85, 0.85, 1.0)  # a point without a winner, or an uncertain one
 
 
+def phase_row(rec: dict) -> dict:
+    """One point of ``phase.json`` as a flat row (the columns of ``phase.csv``)."""
+    return {"index": rec["index"], **rec["point"], **rec["theory"], **(rec.get("flow") or {})}
+
+
 class _Grid:
     """The points of ``phase.json`` laid out on the grid: one row per value of the second field
     (a single row for one field), one column per value of the first."""
 
     def __init__(self, body: dict):
-        from .phase import _row
-
         fields, values = body["fields"], body["values"]
-        self.rows = [_row(r) for r in body["results"]]
+        self.rows = [phase_row(r) for r in body["results"]]
         self.flow = bool(body.get("flow"))
         if len(fields) == 1:
             self.fy, self.fx, self.ny, self.nx = None, fields[0], 1, len(values[0])

@@ -42,26 +42,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ._plot_base import (
-    _FORMATS,
-    _SIZE_STAGES,
-    _SIZE_SUMMARY,
-    _STAGE_CODE,
+from ..theory import Theory
+from ..trajectory import Trajectory, load
+from ._base import (
     DPI,
-    _g,
-    _label,
-    _new_figure,
-    _root,
-    _s_star,
-    _segments,
-    _selected_heads,
-    _stage3,
-    _stage_axes,
-    _window,
+    FORMATS,
+    SIZE_STAGES,
+    SIZE_SUMMARY,
+    STAGE_CODE,
+    fmt_g,
+    new_figure,
+    root_figure,
+    s_star,
+    selected_heads,
+    set_text,
+    stage3_law_of,
+    stage_axes,
+    stage_segments,
+    validity_window,
 )
-from ._plot_panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
-from .theory import Theory, load_or_compute
-from .trajectory import Trajectory, load
+from ._panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
 
 __all__ = [
     "fit_a_log_tau",
@@ -70,9 +70,8 @@ __all__ = [
     "plot_copier",
     "plot_loss",
     "plot_rate",
-    "plot_run",
+    "draw_run",
     "plot_summary",
-    "run_theory",
 ]
 
 # ---------------------------------------------------------------------------
@@ -108,10 +107,10 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
     ``ΔL`` (from the previous stage's last state) in its panel's title; with
     ``theory["ladder"]``, the oracle, Bayes and unigram rungs as further
     horizontal lines (README §M8.3)."""
-    segs = _segments(traj, stages)
-    fig = _new_figure(_SIZE_STAGES) if fig is None else fig
-    axes = _stage_axes(fig, segs, 0.4 if compact else 0.3)
-    s3 = _stage3(traj, theory)
+    segs = stage_segments(traj, stages)
+    fig = new_figure(SIZE_STAGES) if fig is None else fig
+    axes = stage_axes(fig, segs, 0.4 if compact else 0.3)
+    s3 = stage3_law_of(traj, theory)
     lim = None if s3 is None else s3.limit_loss
     for ax, seg in zip(axes, segs):
         pos = seg.tau > 0
@@ -167,7 +166,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
         fig.suptitle("loss, each stage on its own clock", fontsize=10)
     else:
         fig.suptitle("loss against each stage's own time (a panel edge is a stage boundary)", fontsize=11)
-    return _root(fig)
+    return root_figure(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -179,26 +178,26 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     cfg = traj.config
     st = {r.name: r for r in traj.stages}
     lines = []
-    S_star = _s_star(traj, theory)
+    S_star = s_star(traj, theory)
     cf_end = traj.c_frac[-1]
     j = int(np.argmax(cf_end))
     lines.append("Stage I: selector c")
     if S_star is not None:
-        lines.append(f"  theory   S* = argmax Ĩ = {_label(S_star)}")
-    t_I = f", t = {_g(st['I'].t1)}" if "I" in st else ""
+        lines.append(f"  theory   S* = argmax Ĩ = {set_text(S_star)}")
+    t_I = f", t = {fmt_g(st['I'].t1)}" if "I" in st else ""
     lines.append(f"  measured argmax c/Σc = {traj.labels[j]} ({cf_end[j]:.3f}){t_I}")
     lines.append("Stage II: copier w")
-    heads = _selected_heads(traj, theory)
+    heads = selected_heads(traj, theory)
     s_end = traj.s[-1]
     vals = [f"s^({h})_{h} = {s_end[h - 1, h - 1]:.3f}" for h in heads if h <= min(s_end.shape)]
     if vals:
         lines.append("  end: " + ", ".join(vals))
     if "II" in st:
-        lines.append(f"  ended at t = {_g(st['II'].t1)} (by {st['II'].ended_by})")
+        lines.append(f"  ended at t = {fmt_g(st['II'].t1)} (by {st['II'].ended_by})")
     lines.append("Stage III: a")
-    s3 = _stage3(traj, theory)
+    s3 = stage3_law_of(traj, theory)
     if s3 is not None:
-        win = _window(traj, theory)
+        win = validity_window(traj, theory)
         if s3.C_star is not None:
             lines.append(f"  theory   C* = {s3.C_star:.4g} ± {s3.C_star_se or 0:.2g}")
         if win is not None:
@@ -225,11 +224,11 @@ def plot_summary(traj: Trajectory, theory: Theory | dict | None = None, *, fig=N
     copier before/after (Stage II), ``a`` against ``log τ`` (Stage III); the
     loss over every stage, ``∂ₜa·e^a`` against ``a`` (Stage III), and the key
     numbers measured next to the theory's."""
-    fig = _new_figure(_SIZE_SUMMARY) if fig is None else fig
+    fig = new_figure(SIZE_SUMMARY) if fig is None else fig
     sub = fig.subfigures(2, 3, wspace=0.02, hspace=0.02)
     joint = any(r.name == "joint" for r in traj.stages)
     first = ["joint"] if joint else ["I"]
-    if not any(r.name in first and (traj.stage == _STAGE_CODE[r.name]).any() for r in traj.stages):
+    if not any(r.name in first and (traj.stage == STAGE_CODE[r.name]).any() for r in traj.stages):
         first = None
     plot_c_frac(traj, theory, fig=sub[0, 0], stages=first, compact=True)
     plot_copier(traj, theory, fig=sub[0, 1], compact=True)
@@ -256,19 +255,12 @@ def plot_summary(traj: Trajectory, theory: Theory | dict | None = None, *, fig=N
         f"TF(M = {m.M}, H = {m.H}, D = {m.D}); N = {traj.config.estimator.N}",
         fontsize=12,
     )
-    return _root(fig)
+    return root_figure(fig)
 
 
 # ---------------------------------------------------------------------------
 # A run folder
 # ---------------------------------------------------------------------------
-
-
-def run_theory(run_dir: str | Path, traj: Trajectory | None = None) -> Theory:
-    """The theory of a run (:func:`gflow.theory.load_or_compute`): ``run_dir/theory.json``
-    if it belongs to the run (written by ``gflow check``), else computed on the
-    run's configuration and sample (2000 prior kernels) and saved."""
-    return load_or_compute(run_dir, traj)[0]
 
 
 _FIGURES = {
@@ -281,24 +273,24 @@ _FIGURES = {
 }
 
 
-def plot_run(
-    run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None
+def draw_run(
+    run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None,
+    traj: Trajectory | None = None,
 ) -> list[Path]:
     """Draw every figure of the run saved in `run_dir` into `figdir` (default
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
     ``loss`` and ``summary``, in format `fmt` (png, svg or pdf; 120 dpi).
 
-    `theory`: a :class:`gflow.theory.Theory` (or its JSON dict); default
-    :func:`run_theory` (``theory.json``, computed and saved if missing).
-    Raises ``FileNotFoundError`` if `run_dir` holds no run. Returns the paths
-    written, in the order above.
+    `theory`: a :class:`gflow.Theory` (or its JSON dict), or ``None`` (the
+    figures are drawn without the theory's lines). `traj`: the run's
+    trajectory if already loaded. :func:`gflow.plot_run` draws them with the
+    run's cached theory. Raises ``FileNotFoundError`` if `run_dir` holds no run.
+    Returns the paths written, in the order above.
     """
-    if fmt not in _FORMATS:
-        raise ValueError(f"fmt must be one of {_FORMATS}, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     run_dir = Path(run_dir)
-    traj = load(run_dir)
-    if theory is None:
-        theory = run_theory(run_dir, traj)
+    traj = load(run_dir) if traj is None else traj
     figdir = run_dir / "figures" if figdir is None else Path(figdir)
     figdir.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -32,9 +32,9 @@ from collections import Counter
 
 import numpy as np
 
-from ._io import STAGE_CODES
-from ._io import jsonable as _checks_jsonable
-from .trajectory import Trajectory
+from .._util import STAGE_CODES
+from .._util import jsonable as _checks_jsonable
+from ..trajectory import Trajectory
 
 __all__ = ["QUANTITIES", "RowSpread", "StageBands", "bands", "row_spread", "summarize"]
 
@@ -288,7 +288,7 @@ class RowSpread:
     measured: dict
 
     def to_json(self) -> dict:
-        return _jsonable(dataclasses.asdict(self))
+        return bands_jsonable(dataclasses.asdict(self))
 
 
 def _is_num(x) -> bool:
@@ -355,7 +355,7 @@ def row_spread(reports: list) -> list[RowSpread]:
     return out
 
 
-def _fmt_summary(s: dict) -> str:
+def format_summary(s: dict) -> str:
     if "values" in s:
         return ", ".join(f"{k} ×{n}" for k, n in s["values"].items())
 
@@ -370,6 +370,6 @@ def _fmt_summary(s: dict) -> str:
 
 
 
-def _jsonable(x):
+def bands_jsonable(x):
     # replicates.json writes every non-finite number as null
     return _checks_jsonable(x, inf_as_str=False)

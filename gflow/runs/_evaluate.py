@@ -40,13 +40,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import sample as draw_sample
-from .ladder import RUNGS, Ladder, loss_ladder
-from .loss import PopulationLoss, resolve_layout
-from .model import Params, features, subset_label
-from .sweep import _show, parse_param, sweep_points
-from .theory import selected_set
-from .trajectory import Trajectory, load
+from ..core import sample as draw_sample
+from ..theory import RUNGS, Ladder, loss_ladder
+from ..core import PopulationLoss, resolve_layout
+from ..core import Params, features, subset_label
+from ._sweep import show_value, parse_param, sweep_points
+from ..trajectory import selected_set
+from ..trajectory import Trajectory, load
 
 __all__ = ["EVAL_KEYS", "EvalResult", "evaluate", "plot_eval"]
 
@@ -77,8 +77,8 @@ def _check_eval_fields(traj: Trajectory, pairs: list[tuple[str, list]]) -> None:
         if sec in cfg and key in cfg[sec]:
             why = _WHY.get(field) or _WHY.get(sec, "")
             raise ValueError(
-                f"{field} cannot change ({why}; the run has {field} = {_show(cfg[sec][key])}, "
-                f"asked {', '.join(_show(v) for v in vals)}); eval can change only {_allowed()}"
+                f"{field} cannot change ({why}; the run has {field} = {show_value(cfg[sec][key])}, "
+                f"asked {', '.join(show_value(v) for v in vals)}); eval can change only {_allowed()}"
             )
         raise ValueError(f"unknown config field {field!r}; eval can change only {_allowed()}")
 
@@ -129,7 +129,7 @@ class EvalResult:
         head = "  ".join(f"{f:>12}" for f in self.fields) + "  " + "  ".join(f"{c:>18}" for c in cols)
         out = [head]
         for r in self.rows:
-            cells = [f"{_show(r[f]):>12}" for f in self.fields]
+            cells = [f"{show_value(r[f]):>12}" for f in self.fields]
             for c in cols:
                 se = r.get("loss_se" if c == "loss" else f"{c}_se")
                 cells.append(f"{r[c]:>9.5f} ± {se:<6.2g}" if r.get(c) is not None else f"{'—':>18}")
@@ -205,7 +205,7 @@ def evaluate(
         row["bayes_optimal"] = lad.bayes_optimal
         rows.append(row)
         if verbose:
-            print(f"  {', '.join(f'{f}={_show(v)}' for f, v in point.items())}: loss {row['loss']:.5f} ± "
+            print(f"  {', '.join(f'{f}={show_value(v)}' for f, v in point.items())}: loss {row['loss']:.5f} ± "
                   f"{row['loss_se']:.2g}, Bayes {row['bayes']:.5f}, GIH {row['gih']:.5f}, "
                   f"unigram {row['unigram']:.5f}", flush=True)  # fmt: skip
 
@@ -227,7 +227,7 @@ def _cell(v):
     if v is None:
         return ""
     if isinstance(v, (list, tuple, str, bool)):
-        return _show(v)
+        return show_value(v)
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "nan")
     return v
@@ -288,7 +288,7 @@ def plot_eval(res: EvalResult, path: str | Path) -> Path:
     f0, rest = res.fields[0], res.fields[1:]
     groups: dict[tuple, list[dict]] = {}
     for r in res.rows:
-        groups.setdefault(tuple(_show(r[f]) for f in rest), []).append(r)
+        groups.setdefault(tuple(show_value(r[f]) for f in rest), []).append(r)
     n = len(groups)
     fig, axes = plt.subplots(1, n, figsize=(6.4 * n, 4.6), squeeze=False)
     for ax, (g, rows) in zip(axes[0], groups.items()):
@@ -306,11 +306,11 @@ def plot_eval(res: EvalResult, path: str | Path) -> Path:
         if numeric and np.all(x > 0) and x.max() / x.min() >= 8:
             ax.set_xscale("log")
             ax.set_xticks(x)
-            ax.set_xticklabels([_show(v) for v in xs])
+            ax.set_xticklabels([show_value(v) for v in xs])
             ax.minorticks_off()
         elif not numeric:
             ax.set_xticks(x)
-            ax.set_xticklabels([_show(v) for v in xs])
+            ax.set_xticklabels([show_value(v) for v in xs])
         ax.set_xlabel(f0)
         ax.set_ylabel("loss (run's definition)")
         title = f"θ of the run evaluated off-distribution; GIH on S = {subset_label(res.S)}"

@@ -75,11 +75,15 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
-from ._phase_plot import plot_phase
-from .config import Config
-from .model import subset_label
-from .sweep import _cell, _dirname, _show, headline, run_point, sweep_points
+from .._util import atomic_write_text
+from ..figures import phase_row, plot_phase
+from ..config import Config
+from ..core import subset_label
+from ._sweep import format_cell, point_dirname, show_value, headline, run_point, sweep_points
+from ..core import make_loss
+from ..core import init_params
+from ..theory import make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
+from ..trajectory import selected_set
 
 __all__ = [
     "FLOW_COLUMNS",
@@ -192,10 +196,6 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     """
     import jax
 
-    from .loss import make_loss
-    from .model import init_params
-    from .theory import make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
-
     cache = cache or _Cache()
     dd = cfg.to_dict()
     sets = cfg.model.subsets
@@ -283,8 +283,6 @@ def point_flow(traj, report: dict | None) -> dict[str, Any]:
     durations when they ended at their events, ``a`` and the loss at the end
     (:func:`gflow.sweep.headline`), the joint schedule's half-loss time, and
     the check report's ``verdict.gflow`` and ``verdict.paper``."""
-    from .theory import selected_set
-
     h = headline(traj, report)
     ev = {st.name: (st.t1 - st.t0 if st.ended_by == "event" else None) for st in traj.stages}
     joint = any(st.name == "joint" for st in traj.stages)
@@ -323,7 +321,7 @@ class PhaseResult:
         cols = ["index", *self.fields, "S_star", "argmax_J", "stage1_duration", "C_star", "a_star", "limit_loss"]
         if self.rows and "selected" in self.rows[0]:
             cols += ["selected", "t_event_I", "a_end", "verdict_gflow", "verdict_paper"]
-        body = [[_cell(r.get(c)) for c in cols] for r in self.rows]
+        body = [[format_cell(r.get(c)) for c in cols] for r in self.rows]
         for b, r in zip(body, self.rows):
             b[cols.index("S_star")] += "?" if r.get("Itilde_uncertain") else ""
             b[cols.index("argmax_J")] += "?" if r.get("J_uncertain") else ""
@@ -335,7 +333,7 @@ class PhaseResult:
 def _definition(config: Config, fields, points, *, flow: bool, n_pi: int, pi_seed: int) -> dict:
     return {
         "fields": fields,
-        "values": [list(dict.fromkeys(_show(p[f]) for p, _ in points)) for f in fields],
+        "values": [list(dict.fromkeys(show_value(p[f]) for p, _ in points)) for f in fields],
         "base_config": config.to_dict(),
         "flow": bool(flow),
         "n_pi": int(n_pi),
@@ -358,7 +356,7 @@ def _write_csv(path: Path, fields, rows, flow: bool) -> None:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for r in rows:
-        w.writerow([_cell(r.get(c), full=True) for c in cols])
+        w.writerow([format_cell(r.get(c), full=True) for c in cols])
     atomic_write_text(path, buf.getvalue())
 
 
@@ -390,10 +388,6 @@ def _load_points(dirs) -> dict[int, dict]:
                 continue  # a point interrupted while being written: computed again
             done.setdefault(int(rec["index"]), rec)
     return done
-
-
-def _row(rec: dict) -> dict:
-    return {"index": rec["index"], **rec["point"], **rec["theory"], **(rec.get("flow") or {})}
 
 
 def run_phase(
@@ -464,7 +458,7 @@ def run_phase(
         theory = point_theory(cfg, n_pi=n_pi, pi_seed=pi_seed, cache=cache)
         rec = {"index": k, "point": point, "theory": theory}
         if flow:
-            traj, report = run_point(cfg, out / "runs" / _dirname(k, point), check=True,
+            traj, report = run_point(cfg, out / "runs" / point_dirname(k, point), check=True,
                                      check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=not overwrite,
                                      overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
             rec["flow"] = point_flow(traj, report)
@@ -472,16 +466,16 @@ def run_phase(
         rec["wall_s"] = walls[-1]
         _write_atomic(out / "points" / f"{k:05d}.json", json.dumps(rec, indent=1, default=str))
         done[k] = rec
-        rows = [_row(done[j]) for j in mine if j in done]
+        rows = [phase_row(done[j]) for j in mine if j in done]
         _write_csv(csv_path, fields, rows, flow)
         if verbose:
-            where = ", ".join(f"{f}={_show(v)}" for f, v in point.items())
+            where = ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
             fl = f", flow selected {rec['flow']['selected']}" if flow else ""
             print(f"point {k + 1}/{len(points)} ({where}): S* {theory['S_star']}, argmax J {theory['argmax_J']}"
                   f"{fl}, {walls[-1]:.2f} s", flush=True)  # fmt: skip
         if on_point is not None:
             on_point(k)
-    rows = [_row(done[j]) for j in mine]
+    rows = [phase_row(done[j]) for j in mine]
     _write_csv(csv_path, fields, rows, flow)
     if sh is None:
         _write_results(out, defn, [done[j] for j in mine])
@@ -532,7 +526,7 @@ def merge_shards(dirs, out: str | Path, *, plot: bool = True) -> PhaseResult:
         if not p.is_file():
             _write_atomic(p, json.dumps(r, indent=1, default=str))
     fields, flow = defn["fields"], defn["flow"]
-    rows = [_row(r) for r in recs]
+    rows = [phase_row(r) for r in recs]
     _write_csv(out / "phase.csv", fields, rows, flow)
     _write_results(out, defn, recs)
     if plot:

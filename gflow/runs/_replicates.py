@@ -93,11 +93,15 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_npz, atomic_write_text
-from .bands import QUANTITIES, RowSpread, StageBands, _fmt_summary, _jsonable, bands, row_spread, summarize
-from .config import Config
-from .model import subset_label
-from .trajectory import Trajectory, load
+from .._util import atomic_write_npz, atomic_write_text
+from ._bands import QUANTITIES, RowSpread, StageBands, format_summary, bands_jsonable, bands, row_spread, summarize
+from ..config import Config
+from ..core import subset_label
+from ..trajectory import Trajectory, load
+from ..dynamics import sample_bytes
+from ._folder import integrate_batch_with_errors
+from ..checks import check
+from ._folder import check_run
 
 __all__ = [
     "QUANTITIES",
@@ -203,7 +207,7 @@ class Replicates:
                 "min": b.min,
                 "max": b.max,
             }
-        return _jsonable(
+        return bands_jsonable(
             {
                 "R": self.R,
                 "seeds": self.seeds,
@@ -240,7 +244,7 @@ class Replicates:
         out.append("stages (length t1 − t0, mean ± std over replicates):")
         for name, s in self.stage_summary().items():
             ln = s["length"]
-            line = f"  {name:<5} length {_fmt_summary(ln)}; ended by {', '.join(f'{k} ×{n}' for k, n in s['ended_by'].items())}"
+            line = f"  {name:<5} length {format_summary(ln)}; ended by {', '.join(f'{k} ×{n}' for k, n in s['ended_by'].items())}"
             if s["selected"]:
                 line += f"; selected {', '.join(f'{k} ×{n}' for k, n in s['selected'].items())}"
             out.append(line)
@@ -264,8 +268,8 @@ class Replicates:
             w = min(max(len(r.name) for r in self.spread), 70)
             for r in self.spread:
                 nm = r.name if len(r.name) <= w else r.name[: w - 1] + "…"
-                out.append(f"  {nm:<{w}}  {r.passed}/{r.failed}/{r.info}  {_fmt_summary(r.measured)}"
-                           f"   (predicted {_fmt_summary(r.predicted)})")  # fmt: skip
+                out.append(f"  {nm:<{w}}  {r.passed}/{r.failed}/{r.info}  {format_summary(r.measured)}"
+                           f"   (predicted {format_summary(r.predicted)})")  # fmt: skip
         if self.notes:
             out.append("")
             out += [f"note: {n}" for n in self.notes]
@@ -277,7 +281,7 @@ class Replicates:
             out += ["| check | n | passed | failed | info | predicted | measured |", "|---|---|---|---|---|---|---|"]
             for r in self.spread:
                 cells = [r.name, str(r.n), str(r.passed), str(r.failed), str(r.info),
-                         _fmt_summary(r.predicted), _fmt_summary(r.measured)]  # fmt: skip
+                         format_summary(r.predicted), format_summary(r.measured)]  # fmt: skip
                 out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(out) + "\n"
 
@@ -324,8 +328,6 @@ def default_batch(config: Config, R: int, budget: int = SAMPLE_BUDGET) -> int:
     """How many replicates of `config` are vmapped together by default: all
     R if their samples fit in `budget` bytes
     (:func:`gflow.vmapped.sample_bytes` each), else as many as fit, at least one."""
-    from .vmapped import sample_bytes
-
     return int(max(1, min(int(R), budget // max(1, sample_bytes(config)))))
 
 
@@ -420,8 +422,6 @@ def _run_chunks(batches, cfgs, dirs, again, notes: list[str], *, overwrite, verb
     """Integrate the replicates chunk by chunk (:func:`gflow.vmapped.integrate_batch`; a chunk of one is
     :func:`gflow.integrate` itself) and check each complete one; failures are added to `notes`.
     Returns each replicate's trajectory, wall time (its chunk's) and check report (or ``None``)."""
-    from .vmapped import _integrate_batch
-
     seeds = [c.estimator.seed for c in cfgs]
     n = len(cfgs)
     trajs: list[Trajectory | None] = [None] * n
@@ -430,7 +430,7 @@ def _run_chunks(batches, cfgs, dirs, again, notes: list[str], *, overwrite, verb
         t0 = time.perf_counter()
         if verbose:
             _announce(chunk, seeds, dirs)
-        got, errs = _integrate_batch([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
+        got, errs = integrate_batch_with_errors([cfgs[r] for r in chunk], outs=[dirs[r] for r in chunk],
                                      resume=[again[r] for r in chunk], overwrite=overwrite, verbose=verbose)  # fmt: skip
         wall = time.perf_counter() - t0
         for r, tr, e in zip(chunk, got, errs):
@@ -469,13 +469,8 @@ def _announce(chunk: list[int], seeds: list[int], dirs: list[Path | None]) -> No
 
 
 def _checker():
-    try:
-        from . import checks
-    except ImportError:  # pragma: no cover - gflow.checks is written concurrently
-        return None
-
     def run(traj, d, kw):
-        rep = checks.check_run(d, **kw) if d is not None else checks.check(traj, **kw)
+        rep = check_run(d, **kw) if d is not None else check(traj, **kw)
         return rep.to_json()
 
     return run

@@ -52,11 +52,14 @@ from typing import Any
 
 import numpy as np
 
-from ._fit import log_slope
-from ._io import atomic_write_text, rows_of_stage
-from .config import Config
-from .model import subset_label
-from .trajectory import Trajectory
+from .._util import log_slope
+from .._util import atomic_write_text, rows_of_stage
+from ..config import Config
+from ..core import subset_label
+from ..trajectory import Trajectory
+from ..dynamics import FlowError
+from ._folder import integrate
+from ._folder import check_run
 
 __all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points"]
 
@@ -212,24 +215,24 @@ def sweep_points(config: Config, params) -> list[tuple[dict[str, Any], Config]]:
         try:
             cfg = config.replace(**sections)
         except ValueError as e:
-            where = ", ".join(f"{f}={_show(v)}" for f, v in point.items())
+            where = ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
             raise ValueError(f"sweep point {where}: {e}") from None
         points.append((point, cfg))
     return points
 
 
-def _show(v) -> str:
+def show_value(v) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_show(u) for u in v) + "]"
+        return "[" + ",".join(show_value(u) for u in v) + "]"
     return str(v)
 
 
-def _dirname(k: int, point: dict) -> str:
-    body = "_".join(f"{f}={_show(v)}" for f, v in point.items())
+def point_dirname(k: int, point: dict) -> str:
+    body = "_".join(f"{f}={show_value(v)}" for f, v in point.items())
     body = re.sub(r"[^A-Za-z0-9._=+,\-\[\]]", "-", body)
     return f"{k:03d}_{body}"[:200]
 
@@ -299,20 +302,20 @@ class SweepResult:
     def table(self) -> str:
         cols = self.fields + ["status", "S_star", "S_measured", "a_star", "a_end", "slope", "window_lo",
                               "window_hi", "limit_loss", "loss_end", "wall_s"]  # fmt: skip
-        body = [[_cell(r.get(c)) for c in cols] for r in self.rows]
+        body = [[format_cell(r.get(c)) for c in cols] for r in self.rows]
         w = [max(len(c), *(len(b[k]) for b in body)) if body else len(c) for k, c in enumerate(cols)]
         line = lambda cells: "  ".join(x.ljust(n) for x, n in zip(cells, w)).rstrip()
         return "\n".join([line(cols), line(["-" * n for n in w])] + [line(b) for b in body])
 
 
-def _cell(v, full: bool = False) -> str:
+def format_cell(v, full: bool = False) -> str:
     """A table cell (``full``: every digit, for the CSV)."""
     if v is None:
         return ""
     if isinstance(v, float):
         return "" if math.isnan(v) else (repr(v) if full else format(v, ".6g"))
     if isinstance(v, (list, tuple)):
-        return _show(v)
+        return show_value(v)
     return str(v)
 
 
@@ -346,7 +349,7 @@ def run_sweep(
     points = sweep_points(config, params)
     fields = list(points[0][0])
     out = Path(out)
-    dirs = [out / _dirname(k, p) for k, (p, _) in enumerate(points)]
+    dirs = [out / point_dirname(k, p) for k, (p, _) in enumerate(points)]
     if not resume and not overwrite:
         taken = [str(d) for d in dirs if (d / "run.json").exists()]
         if taken:
@@ -365,7 +368,7 @@ def run_sweep(
     csv_path = out / "sweep.csv"
     for k, ((point, cfg), d) in enumerate(zip(points, dirs)):
         if verbose:
-            print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={_show(v)}" for f, v in point.items())
+            print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
                   + f" -> {d}", flush=True)  # fmt: skip
         traj, report = run_point(cfg, d, check=check, check_kwargs=check_kwargs, resume=resume,
                                  overwrite=overwrite, verbose=verbose)  # fmt: skip
@@ -373,8 +376,8 @@ def run_sweep(
         rows.append(row)
         _write_csv(csv_path, fields, rows)  # after every point: an interrupted sweep keeps its table
         if verbose:
-            print(f"  {row['status']}: S* {_cell(row['S_star'])}, measured {_cell(row['S_measured'])}, "
-                  f"a_end {_cell(row['a_end'])}, loss_end {_cell(row['loss_end'])}, {_cell(row['wall_s'])} s",
+            print(f"  {row['status']}: S* {format_cell(row['S_star'])}, measured {format_cell(row['S_measured'])}, "
+                  f"a_end {format_cell(row['a_end'])}, loss_end {format_cell(row['loss_end'])}, {format_cell(row['wall_s'])} s",
                   flush=True)  # fmt: skip
     return SweepResult(fields=fields, rows=rows, csv=csv_path, wall=time.perf_counter() - t0)
 
@@ -397,8 +400,6 @@ def run_point(
     point's estimator, if already built (the same sample the configuration's
     seed gives; integration and check report reuse it). Shared by
     :func:`run_sweep` and :func:`gflow.phase.run_phase`."""
-    from .flow import FlowError, integrate
-
     again = resume and (d / "run.json").exists()
     try:
         traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose, loss=loss)
@@ -408,8 +409,6 @@ def run_point(
             print(f"  failed: {e}", flush=True)
     report = None
     if check and traj.status == "complete":
-        from .checks import check_run
-
         report = check_run(d, loss=loss, **(check_kwargs or {})).to_json()
     return traj, report
 
@@ -419,5 +418,5 @@ def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
     w = csv.writer(buf)
     w.writerow(fields + ["dir", *COLUMNS])
     for r in rows:
-        w.writerow([_cell(r.get(c), full=True) for c in fields + ["dir", *COLUMNS]])
+        w.writerow([format_cell(r.get(c), full=True) for c in fields + ["dir", *COLUMNS]])
     atomic_write_text(path, buf.getvalue())

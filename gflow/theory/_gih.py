@@ -16,9 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .data import Sample
-from .loss import PopulationLoss
-from .model import CountFeatures, PositionFeatures, window_code_count
+from ..core import CountFeatures, PopulationLoss, PositionFeatures, Sample, window_code_count
 
 
 def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +31,7 @@ def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------
 
 
-def _check_S(S, M: int | None = None) -> tuple[int, ...]:
+def check_offsets(S, M: int | None = None) -> tuple[int, ...]:
     S = tuple(int(h) for h in S)
     if any(h < 1 for h in S) or list(S) != sorted(set(S)):
         raise ValueError(f"the GIH's set of offsets must be strictly increasing positive offsets, got {S}")
@@ -86,7 +84,7 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
     given). All give the same counts on the same sample. Returns float64
     ``(N, d)`` arrays.
     """
-    S = _check_S(S)
+    S = check_offsets(S)
     if isinstance(source, (Sample, PositionFeatures)):
         d = source.cond.shape[-1]
         return _counts_from_X(jnp.asarray(source.X), S, d)
@@ -96,7 +94,7 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
             M = round(math.log(K) / math.log(d + 1))
         if window_code_count(d, M) != K:
             raise ValueError(f"gih_counts: counts have {K} windows, not (d+1)**M with d={d}, M={M}")
-        _check_S(S, M)
+        check_offsets(S, M)
         T = jnp.asarray(_count_match_table(d, M, S))
         counts = jnp.asarray(source.counts, jnp.float64)
         N1e = jnp.einsum("nk,nek->ne", T[source.qcode], counts)
@@ -191,7 +189,7 @@ def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: i
     if isinstance(source, PopulationLoss):
         eps, kind, M = float(source.eps), source.kind, source.model.M
         feats = source.feats
-        if S and max(_check_S(S)) > M:
+        if S and max(check_offsets(S)) > M:
             raise ValueError(f"the GIH's offsets {tuple(S)} exceed the model's window M={M}")
     else:
         feats = source
@@ -199,7 +197,7 @@ def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: i
         raise ValueError(f"kind must be 'log' or 'ce_on_probs', got {kind!r}")
     N1e, N0e = gih_counts(feats, S, M=M)
     cond = jnp.asarray(feats.cond if cond is None else cond, jnp.float64)
-    return GIH(N1e=N1e, N0e=N0e, cond=cond, eps=jnp.asarray(eps, jnp.float64), kind=kind, S=_check_S(S))
+    return GIH(N1e=N1e, N0e=N0e, cond=cond, eps=jnp.asarray(eps, jnp.float64), kind=kind, S=check_offsets(S))
 
 
 @eqx.filter_jit
@@ -458,22 +456,22 @@ def limit_loss(gih: GIH, *, a=None, a_grid=None, a_max: float = 30.0, n_grid: in
 
 
 @eqx.filter_jit
-def _gih_force(gih, a):
+def gih_force(gih, a):
     return jax.vmap(gih.force)(a)
 
 
 @eqx.filter_jit
-def _gih_force_per_seq(gih, a):
+def gih_force_per_seq(gih, a):
     return gih.per_sequence_force(a)
 
 
 @eqx.filter_jit
-def _gih_dforce(gih, a):
+def gih_dforce(gih, a):
     return jax.grad(gih.force)(a)
 
 
 @eqx.filter_jit
-def _gih_ode(gih, a0, lam, rate, ts):
+def gih_ode(gih, a0, lam, rate, ts):
     """``a(τ)`` at `ts` for ``da/dτ = rate·λF(λa)``, ``a(0) = a0`` (λ = 1: the GIH law)."""
 
     def vf(t, y, args):

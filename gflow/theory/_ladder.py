@@ -59,11 +59,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .data import DataConfig, Sample
-from .loss import PopulationLoss, sequence_loss
-from .loss import _mean_se as _loss_mean_se
-from .model import CountFeatures, Params, PositionFeatures, subset_label
-from .theory import gih_counts, make_gih
+from ..core import (
+    CountFeatures,
+    DataConfig,
+    Params,
+    PopulationLoss,
+    PositionFeatures,
+    Sample,
+    sequence_loss,
+    subset_label,
+)
+from ..core import mean_se as _loss_mean_se
+from ._gih import gih_counts, make_gih
 
 __all__ = ["RUNGS", "Ladder", "bayes_counts", "bayes_predictive", "format_ladder", "gih_argmin", "loss_ladder"]
 
@@ -141,7 +148,7 @@ def gih_argmin(gih, *, a_max: float = 30.0, n: int = 61) -> float:
     return float(a2[j])
 
 
-def _mean_se(x: np.ndarray) -> tuple[float, float]:
+def mean_se(x: np.ndarray) -> tuple[float, float]:
     """Mean and ``std/√N``, by the estimator's own reduction
     (:func:`gflow.loss._mean_se`)."""
     m, se = _loss_mean_se(jnp.asarray(x))
@@ -183,14 +190,14 @@ class Ladder:
         return len(next(iter(self.values.values())))
 
     def mean(self, name: str) -> float:
-        return _mean_se(self.values[name])[0]
+        return mean_se(self.values[name])[0]
 
     def se(self, name: str) -> float:
-        return _mean_se(self.values[name])[1]
+        return mean_se(self.values[name])[1]
 
     def gap(self, a: str, b: str) -> tuple[float, float]:
         """``rung a − rung b`` and its paired SE."""
-        return _mean_se(self.values[a] - self.values[b])
+        return mean_se(self.values[a] - self.values[b])
 
     def captured(self) -> tuple[float, float] | None:
         """``(unigram − flow) / (unigram − bayes)`` and its delta-method SE
@@ -204,7 +211,7 @@ class Ladder:
             return None
         R = float(np.mean(num)) / D
         resid = (num - R * den) / D
-        return R, _mean_se(resid)[1]
+        return R, mean_se(resid)[1]
 
     def to_json(self) -> dict:
         rungs = [
@@ -291,7 +298,7 @@ def loss_ladder(
         values["flow"] = np.asarray(_per_sequence(loss, params), np.float64)
 
     values = {k: np.asarray(v, np.float64) for k, v in values.items()}
-    e_m, e_se = _mean_se(ent)
+    e_m, e_se = mean_se(ent)
     optimal = data.start == "uniform" and data.burn_in == 0 and data.kernel is None
     return Ladder(
         values=values, S=tuple(int(h) for h in S), a_gih=a_gih, entropy=e_m, entropy_se=e_se,

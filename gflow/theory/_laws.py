@@ -58,9 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from .loss import PopulationLoss
-from .model import Params
-from .theory import GIH
+from ..core import Params, PopulationLoss
+from ._gih import GIH
 
 __all__ = [
     "GIHTail",

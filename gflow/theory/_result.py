@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ._gih import StageIIILaw
-from ._io import jsonable
-from .model import subset_label
+from .._util import jsonable
+from ..core import subset_label
+from ._gih import StageIIILaw, make_gih, stage3_law
+from ._rates import dlogc_dt, log_ratio_slope
 
 __all__ = [
     "LAW_COVERAGE",
@@ -368,8 +369,6 @@ class Theory:
     def with_law(self, loss, S, *, a_max: float = 30.0, n_grid: int | None = None) -> Theory:
         """This theory with the GIH law of `S` on `loss`'s sample added (itself if present).
         The grid is that of the laws already computed (`n_grid` points on ``[0, a_max]``)."""
-        from ._gih import make_gih, stage3_law
-
         S = _S(S)
         if S in self.laws:
             return self
@@ -410,8 +409,6 @@ class Theory:
                 }
             )
         C0 = np.asarray(self.C0, np.float64)
-        from .theory import dlogc_dt, log_ratio_slope
-
         iS = sets.index(rk.S_star)
         runner = rk.order[1] if len(sets) > 1 else rk.order[0]
         k = 4.0 * self.a0 * self.eta_C / float(np.sum(C0**2))

@@ -20,10 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from ._theory_result import ChiSquaredRanking, Stage1Duration, StageIRates
-from .data import DataConfig, sample_kernels, window_law
-from .loss import PopulationLoss
-from .model import ModelConfig, Params
+from ..core import DataConfig, ModelConfig, Params, PopulationLoss, sample_kernels, window_law
+from ._result import ChiSquaredRanking, Stage1Duration, StageIRates
 
 # Two Ĩ values whose paired difference is below this (relative to the larger
 # |Ĩ|) are an exact tie: with a fixed kernel the SE is 0, and sets that tie in
@@ -231,37 +229,6 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
     per = -np.asarray(ds, np.float64).T  # (N, nS)
     J, Jse = _mean_se(per)
     return StageIRates(sets=sets, J=J, J_se=Jse, diff_se=_paired_se(per), L0=float(np.mean(np.asarray(l0))))
-
-
-def first_order_slope(c, J) -> float:
-    """``Σ_S (c_S/Σc) J(S)``: the exact first-order rate ``−∂L̂/∂a`` at ``a = 0``
-    for selector weights ``c`` (``norm="sum"``; README §M6.2)."""
-    c = np.asarray(c, np.float64)
-    return float(np.dot(c / c.sum(), np.asarray(J, np.float64)))
-
-
-def dlogc_dt(J, C, a, *, rate: float = 1.0) -> np.ndarray:
-    """Predicted ``d/dt log c_S = 4 a rate (J(S) − Σ_S' (c_S'/Σc) J(S'))/‖C‖²`` for
-    every S (README §M6.2), with ``c = C²``.
-
-    Derivation (gflow's own, from ``L ≈ L₀ − a Σ_S (C_S²/‖C‖²) J(S)`` and
-    ``dC/dt = −rate ∂L/∂C``): ``dC_S/dt = 2 a rate C_S (J(S) − J̄)/‖C‖²``, so
-    ``‖C‖`` is conserved and ``d log c_S/dt = 2 d log|C_S|/dt``. `rate` is
-    the selector block's time scale ``η_C`` (1 for the paper's flow). `J` may
-    be ``J`` or ``Ĩ`` in its place.
-    """
-    C = np.asarray(C, np.float64)
-    J = np.asarray(J, np.float64)
-    c = C**2
-    return 4.0 * float(a) * float(rate) * (J - np.dot(c / c.sum(), J)) / c.sum()
-
-
-def log_ratio_slope(J, i: int, j: int, C, a, *, rate: float = 1.0) -> float:
-    """Predicted ``d/dt log(c_{S_i}/c_{S_j}) = 4 a rate (J(S_i) − J(S_j))/‖C‖²``
-    (README §M6.2); constant in Stage I since ``‖C‖`` is conserved."""
-    C = np.asarray(C, np.float64)
-    J = np.asarray(J, np.float64)
-    return 4.0 * float(a) * float(rate) * float(J[i] - J[j]) / float(np.sum(C**2))
 
 
 def _first_sublevel_time(x0: np.ndarray, v: np.ndarray, i: int, level: float) -> float:

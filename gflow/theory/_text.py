@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._ladder import format_ladder
+
 
 def _fmt(x, spec=".4g"):
     return "—" if x is None else format(x, spec)
@@ -81,8 +83,6 @@ def format_theory(theory) -> str:
     for k in order:
         out.extend(_law_lines(laws[k], "S*" if k == mi["S_star_label"] else "argmax J / selected"))
     if report.get("ladder"):
-        from .ladder import format_ladder
-
         out.append("")
         out.append("§M8.3 " + format_ladder(report["ladder"]))
     if report.get("notes"):

@@ -27,38 +27,29 @@ deterministic in its key/seed.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import time
 
 import jax
 import numpy as np
 
-from ._gih import GIH, StageIIILaw, _check_S, gih_counts, limit_loss, make_gih, stage3_law
-from ._io import atomic_write_json, jsonable, rows_of_stage
-from ._stage1 import (
-    chi2_mi,
-    dlogc_dt,
-    first_order_slope,
-    log_ratio_slope,
-    modified_chi2_ranking,
-    predicted_stage1_duration,
-    stage1_rates,
+from ..core import (
+    DataConfig,
+    EstimatorConfig,
+    InitConfig,
+    ModelConfig,
+    PopulationLoss,
+    init_params,
+    kernel_conditional,
+    make_loss,
+    subset_label,
 )
-from ._theory_result import (
-    LAW_COVERAGE,
-    ChiSquaredRanking,
-    Stage1Duration,
-    StageIRates,
-    Theory,
-    config_key,
-    covers,
-)
-from ._theory_text import format_theory
-from .data import DataConfig
-from .loss import EstimatorConfig, PopulationLoss, kernel_conditional, make_loss
-from .model import InitConfig, ModelConfig, init_params, subset_label
+from ._gih import GIH, StageIIILaw, check_offsets, gih_counts, limit_loss, make_gih, stage3_law
+from ._ladder import loss_ladder
+from ._rates import dlogc_dt, first_order_slope, log_ratio_slope
+from ._result import LAW_COVERAGE, ChiSquaredRanking, Stage1Duration, StageIRates, Theory, config_key, covers
+from ._stage1 import chi2_mi, modified_chi2_ranking, predicted_stage1_duration, stage1_rates
+from ._text import format_theory
 
 __all__ = [
     "GIH",
@@ -76,12 +67,10 @@ __all__ = [
     "format_theory",
     "gih_counts",
     "limit_loss",
-    "load_or_compute",
     "log_ratio_slope",
     "make_gih",
     "modified_chi2_ranking",
     "predicted_stage1_duration",
-    "selected_set",
     "stage1_rates",
     "stage3_law",
     "theory_report",
@@ -168,7 +157,7 @@ def theory_report(
 
     want = [rank.S_star, sets[int(np.argmax(rates.J))]]
     if S is not None:
-        want.append(_check_S(S, model_cfg.M))
+        want.append(check_offsets(S, model_cfg.M))
     laws = {}
     for S_ in want:
         if S_ not in laws:
@@ -201,84 +190,9 @@ def _ladder(loss, data_cfg, S, law, pi_cond) -> dict | None:
     """The loss ladder of the sample (README §M8.3; :mod:`gflow.ladder`), the GIH
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
-    from .ladder import loss_ladder
-
     try:
         return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit, pi_cond=pi_cond).to_json()
     except ValueError:
         return None
 
 
-def selected_set(traj) -> tuple[int, ...] | None:
-    """The set Stage I selected: Stage II's heads (recorded by the flow), else
-    ``argmax c/Σc`` at the end of Stage I (or of a joint run); ``None`` if the run
-    has no saved Stage I."""
-    rec = next((r for r in traj.stages if r.name == "II"), None)
-    if rec is not None and rec.selected is not None:
-        return tuple(int(h) for h in rec.selected)
-    for name in ("I", "joint"):
-        idx = rows_of_stage(traj.stage, name)
-        if idx.size:
-            return tuple(traj.subsets[int(np.argmax(traj.c_frac[int(idx[-1])]))])
-    return None
-
-
-def load_or_compute(
-    run_dir,
-    traj=None,
-    *,
-    n_pi: int = 2000,
-    pi_seed: int = 0,
-    loss: PopulationLoss | None = None,
-    reuse: bool = True,
-    write: bool = True,
-) -> tuple[Theory, str]:
-    """The theory of the run saved in `run_dir`, with the GIH law of the set its
-    Stage I selected: ``run_dir/theory.json`` when it belongs to the run, else computed.
-
-    A cached theory belongs to the run when its :attr:`Theory.config` equals
-    :func:`config_key` of the run's data, model, estimator and initialisation
-    sections (every field, so options added later count), `n_pi`, `pi_seed` and
-    the schedule's ``η_C`` and ``δ``. An unreadable file, one of another
-    configuration, or one written by an older gflow is recomputed
-    (:func:`theory_report` with the run's sample: ``make_loss`` of its
-    configuration, or `loss`). The selected set's law is added when missing.
-    With `write` the file is (re)written atomically when anything changed.
-
-    **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
-    """
-    from pathlib import Path
-
-    from . import loss as loss_mod
-    from .trajectory import load
-
-    run_dir = Path(run_dir)
-    traj = load(run_dir) if traj is None else traj
-    cfg = traj.config
-    sc = cfg.schedule
-    key = config_key(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=1 if cfg.data.kernel is not None else n_pi,
-                     pi_seed=pi_seed, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
-    key["n_pi_asked"] = int(n_pi)
-    path = run_dir / "theory.json"
-    theory, how = None, "computed"
-    if reuse and path.is_file():
-        try:
-            th = Theory.from_json(json.loads(path.read_text()))
-            if jsonable(th.config) == key:
-                theory, how = th, "reused"
-        except (json.JSONDecodeError, OSError, ValueError):
-            theory = None
-    needs_loss = theory is None or selected_set(traj) not in (None, *theory.laws)
-    if needs_loss and loss is None:
-        loss = loss_mod.make_loss(cfg.data, cfg.model, cfg.estimator)
-    if theory is None:
-        theory = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=n_pi, pi_seed=pi_seed,
-                               loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
-        theory = dataclasses.replace(theory, config=key)  # the one identity rule: the run's key
-    sel = selected_set(traj)
-    if sel is not None and sel not in theory.laws:
-        theory = theory.with_law(loss, sel)
-        how = "reused, law added" if how == "reused" else how
-    if write and how != "reused":
-        atomic_write_json(path, theory.to_json())
-    return theory, how
