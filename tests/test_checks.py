@@ -121,7 +121,7 @@ def test_stage1_duration_matches_the_event_time(checked_run):
 
 
 def test_vacuous_and_uncovered_rows_are_undecided():
-    from gflow.checks._checks._report import decided_row
+    from gflow.checks._report import decided_row
 
     r = decided_row("a at end vs a*", 5.0, 5.1, 2.3e8, claim="finite", rule=("abs", 5.0, 2.3e8), wrong=6.1)
     assert r.passed is None and r.tolerance.startswith("info: vacuous")
@@ -292,7 +292,7 @@ def test_bracketed_root_newton_and_its_safeguard():
     derivative (zero, or of the wrong sign: every step falls back to bisection)."""
     import math
 
-    from gflow.checks._checks._base import _bracketed_root
+    from gflow.checks._base import _bracketed_root
 
     root = 0.3 + math.atanh(0.2)
     calls = []
@@ -314,7 +314,7 @@ def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
     model_zero from below and from above, is the GIH's a* (to the bisection's 1e-12 and
     rounding); with the residual mass on the empty set (a constant kernel, a dilution by
     0.99) it is a*/0.99."""
-    from gflow.checks._checks._base import model_zero
+    from gflow.checks._base import model_zero
 
     from gflow.theory._theory import make_gih, stage3_law
 

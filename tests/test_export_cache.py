@@ -95,3 +95,26 @@ def test_cli_main_restores_what_it_set(tmp_path, monkeypatch):
     assert seen == {"eqx": "nan", "dir": tmp_path / "cache" / "export", "cache": str(tmp_path / "cache")}
     assert {k: getattr(jax.config, k) for k in keys} == before
     assert _errors.EQX_ON_ERROR == "raise" and _export_cache._DIR is None
+
+
+def test_fingerprint_covers_every_subpackage(tmp_path, monkeypatch):
+    """The key's source fingerprint hashes every module of the package, the subpackages'
+    included: editing gflow/core/_loss.py (or any file below gflow/) changes it, so a program
+    exported by other code is never served (it would be read under another key)."""
+    import shutil
+
+    root = tmp_path / "gflow"
+    shutil.copytree(_export_cache._package_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(_export_cache, "_package_root", lambda: root)
+    prints = {}
+    for what, path in [("base", None), ("core", "core/_loss.py"), ("dynamics", "dynamics/_solve.py"),
+                       ("util", "_util/_io.py"), ("top", "config.py")]:  # fmt: skip
+        if path is not None:
+            (root / path).write_text((root / path).read_text() + "\n# edited\n")
+        monkeypatch.setattr(_export_cache, "_FINGERPRINT", None)
+        prints[what] = _export_cache._fingerprint()
+    assert len(set(prints.values())) == len(prints), prints
+    # renaming a module (same bytes, another path) changes it too
+    (root / "core" / "_loss.py").rename(root / "core" / "_loss2.py")
+    monkeypatch.setattr(_export_cache, "_FINGERPRINT", None)
+    assert _export_cache._fingerprint() not in prints.values()

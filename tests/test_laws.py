@@ -286,7 +286,7 @@ def test_stage2_ends_steady_at_its_interior_fixed_point():
 
 def test_fit_power_recovers_the_exponent():
     """The approach row's fit L∞ + Bτ^(−p) recovers p on exact data (and not on a log)."""
-    from gflow.checks._checks._rows_laws import _fit_power
+    from gflow.checks._rows_laws import _fit_power
 
     tau = np.logspace(3, 4, 13)
     for p in (0.7, 1.0, 1.6):

@@ -48,14 +48,20 @@ def disable_export_cache() -> None:
     _DIR = None
 
 
+def _package_root() -> Path:
+    return Path(__file__).resolve().parents[1]  # gflow/, this file being gflow/_util/_export_cache.py
+
+
 def _fingerprint() -> str:
     """What every key shares, computed once per process: the installed versions and a
-    hash of gflow's source."""
+    hash of gflow's source (every ``.py`` file of the package, its subpackages included,
+    with its path inside the package: a change anywhere misses the cache)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
         h = hashlib.sha256(repr(sorted(versions().items())).encode())
-        for p in sorted(Path(__file__).parent.glob("*.py")):
-            h.update(p.name.encode())
+        root = _package_root()
+        for p in sorted(root.rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode())
             h.update(p.read_bytes())
         _FINGERPRINT = h.hexdigest()
     return _FINGERPRINT
