@@ -190,16 +190,34 @@ def test_only_figures_import_matplotlib():
     assert not bad, "matplotlib imported outside gflow.figures: " + ", ".join(bad)
 
 
-def test_no_writes_into_other_libraries_private_state():
-    """No ``module._name = …`` / ``setattr(module, "_name", …)`` on another library."""
+# The one deliberate write into another library's module state: the command line (and only
+# it, while `main` runs; it restores the value when it returns) traces equinox's runtime checks
+# in "nan" mode, so that the stage solves carry no host callback and can be cached on disk.
+# equinox reads EQX_ON_ERROR from the environment when it is imported, i.e. before gflow.cli
+# can run; setting the variable would need a second interpreter.
+ALLOWED_FOREIGN_WRITES = {("gflow/cli.py", "_errors.EQX_ON_ERROR")}
+
+
+def test_no_writes_into_other_libraries_state():
+    """No ``module.attr = …`` on a module imported from another library (nor ``setattr`` on it),
+    except :data:`ALLOWED_FOREIGN_WRITES`."""
     bad = []
     for mod, (path, tree) in MODULES.items():
+        foreign = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                foreign |= {(a.asname or a.name).split(".")[0] for a in n.names if not a.name.startswith("gflow")}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and not (n.module or "").startswith("gflow"):
+                foreign |= {a.asname or a.name for a in n.names}
+        rel = path.relative_to(PKG.parent).as_posix()
         for n in ast.walk(tree):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
-            for t in targets:
-                if isinstance(t, ast.Attribute) and t.attr.startswith("_") and isinstance(t.value, ast.Name) \
-                        and t.value.id not in ("self", "cls"):  # fmt: skip
-                    bad.append(f"{path.relative_to(PKG.parent)}:{n.lineno} sets {t.value.id}.{t.attr}")
+            hits = [f"{t.value.id}.{t.attr}" for t in targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in foreign]  # fmt: skip
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "setattr" and n.args \
+                    and isinstance(n.args[0], ast.Name) and n.args[0].id in foreign:  # fmt: skip
+                hits.append(f"setattr({n.args[0].id}, ...)")
+            bad += [f"{rel}:{n.lineno} sets {h}" for h in hits if (rel, h) not in ALLOWED_FOREIGN_WRITES]
     assert not bad, "\n".join(bad)
 
 

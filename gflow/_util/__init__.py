@@ -20,5 +20,11 @@ from ._io import jsonable as jsonable
 from ._io import remove_temporaries as remove_temporaries
 from ._io import rows_of_stage as rows_of_stage
 from ._io import versions as versions
+from ._io import write_csv as write_csv
 from ._rng import normal as rng_normal  # noqa: F401 (re-export: the fresh sampler's Threefry normals)
 from ._rng import uniform as rng_uniform  # noqa: F401 (re-export: its uniforms)
+from ._roots import bisect_root as bisect_root
+from ._roots import bracketed_root as bracketed_root
+from ._roots import golden_max as golden_max
+from ._stats import mean_se as mean_se
+from ._text import show_value as show_value

@@ -4,7 +4,9 @@ theory, plot, replicates and phase)."""
 
 from __future__ import annotations
 
+import csv
 import importlib.metadata
+import io
 import json
 import math
 import os
@@ -96,3 +98,15 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             out[pkg] = "not installed"
     return out
+
+
+def write_csv(path: str | Path, header: list[str], rows, *, lineterminator: str = "\r\n") -> Path:
+    """Write a CSV table atomically (:func:`atomic_write_text`): `header`, then one line per
+    row of already formatted cells. `lineterminator` is the ``csv`` module's (its default,
+    ``"\r\n"``, or ``"\n"``)."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf, lineterminator=lineterminator)
+    w.writerow(header)
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+    return Path(path)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import rows_of_stage
+from .._util import bracketed_root, mean_se, rows_of_stage
 from ..core import Params, PopulationLoss, subset_label
 from ..theory import Theory, make_gih
 from ..trajectory import Trajectory, selected_set
@@ -93,49 +93,21 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
         if down.size == 0:
             return None
         j = int(down[0])
-        return _bracketed_root(f, df, float(grid[j]), float(grid[j + 1]), float(F[j]))
+        return bracketed_root(f, df, float(grid[j]), float(grid[j + 1]), float(F[j]))
     if f0 == 0:
         return float(a_from)
     lo, step = float(a_from), spacing  # F(a_from) < 0: the flow moves down to the zero below
     while lo - step > -a_max:
         flo = f(lo - step)
         if flo > 0:
-            return _bracketed_root(f, df, lo - step, lo, flo)
+            return bracketed_root(f, df, lo - step, lo, flo)
         lo, step = lo - step, 2.0 * step
     return None
 
 
-def _bracketed_root(f, df, lo: float, hi: float, flo: float, *, tol: float = 1e-12, maxiter: int = 100) -> float:
-    """Root of ``f`` in ``[lo, hi]`` given ``sign f(lo) = sign flo ≠ sign f(hi)``: Newton
-    steps from the bracket's midpoint, each kept only if it lands strictly inside the
-    current bracket and otherwise replaced by bisection; the bracket shrinks at every
-    step, so it converges whatever ``df`` says, and quadratically near a simple root
-    (a handful of evaluations where bisection needs ~40). Stops when the step or the
-    bracket is below ``tol·max(1, |x|)``, or ``f = 0``."""
-    x = 0.5 * (lo + hi)
-    for _ in range(maxiter):
-        fx = f(x)
-        if fx == 0.0:
-            return x
-        if (fx > 0) == (flo > 0):
-            lo, flo = x, fx
-        else:
-            hi = x
-        d = df(x)
-        step_ok = d != 0.0 and math.isfinite(d)
-        x_new = x - fx / d if step_ok else math.nan
-        if not (min(lo, hi) < x_new < max(lo, hi)):
-            x_new = 0.5 * (lo + hi)
-        small = tol * max(1.0, abs(x_new))
-        if abs(x_new - x) <= small or abs(hi - lo) <= small:
-            return x_new
-        x = x_new
-    return x
-
-
 def sample_se(x) -> float:
-    x = np.asarray(x, np.float64)
-    return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size > 1 else 0.0
+    """The standard error of the mean of `x` (:func:`gflow._util.mean_se`), as a float."""
+    return float(mean_se(np.ravel(np.asarray(x, np.float64)))[1])
 
 
 def set_label(S) -> str:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import time
 
-from .._util import jsonable as _jsonable
 from .._util import linear_fit, log_slope, power_exponent
 from ..core import PopulationLoss, make_loss
 from ..theory import Theory, theory_report
@@ -84,7 +83,6 @@ __all__ = [
     "power_exponent",
 ]
 
-_ = _jsonable  # re-exported: replicates.py imports checks._jsonable
 
 
 # ---------------------------------------------------------------------------

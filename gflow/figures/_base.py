@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from .._util import STAGE_CODES
+from ..core import subset_label
 from ..theory import StageIIILaw, Theory
 from ..trajectory import StageRecord, Trajectory, selected_set
 
@@ -156,11 +157,12 @@ def selected_heads(traj: Trajectory, theory: Theory | dict | None) -> tuple[int,
     return s_star(traj, theory) or ()
 
 
-def set_text(S) -> str:
-    return "∅" if not S else "{" + ",".join(map(str, S)) + "}"
-
-
 def measured_rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Measured ``∂ₜa = −η_a ∂L̂/∂a`` and its SE at the saved indices."""
     eta = float(traj.config.schedule.eta_a)
     return -eta * traj.grad_a[idx], eta * traj.grad_se_a[idx]
+
+
+def subset_text(S) -> str:
+    """A set of offsets as the figures label it (:func:`gflow.core.subset_label` of any sequence)."""
+    return subset_label(tuple(S))

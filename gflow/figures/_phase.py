@@ -55,10 +55,6 @@ def plot_phase(out: str | Path, figdir: str | Path | None = None, *, fmt: str = 
     """Draw ``phase_map`` and ``phase_heat`` from ``out/phase.json`` into
     `figdir` (default ``out/figures``). A one-field grid is drawn as one row.
     Returns the paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-
     out = Path(out)
     grid = _Grid(json.loads((out / "phase.json").read_text()))
     figdir = Path(figdir) if figdir is not None else out / "figures"
@@ -69,7 +65,7 @@ def plot_phase(out: str | Path, figdir: str | Path | None = None, *, fmt: str = 
 def _winner_panel(ax, grid: _Grid, pan: int, G, U, colour, win_I, win_J) -> None:
     """One map of winners: each point's colour (grey when uncertain, hatched), × where Ĩ and J
     disagree (first two panels), ○ where the flow's set differs from argmax J (third)."""
-    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     ny, nx = grid.ny, grid.nx
     img = np.ones((ny, nx, 4))
@@ -80,7 +76,7 @@ def _winner_panel(ax, grid: _Grid, pan: int, G, U, colour, win_I, win_J) -> None
     for i in range(ny):
         for j in range(nx):
             if U[i, j]:
-                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
                                            edgecolor="0.5"))  # fmt: skip
             if pan < 2 and win_I[i, j] != win_J[i, j]:
                 ax.text(j, i, "×", ha="center", va="center", fontsize=11, color="k")
@@ -90,7 +86,8 @@ def _winner_panel(ax, grid: _Grid, pan: int, G, U, colour, win_I, win_J) -> None
 
 def _phase_map(grid: _Grid, path: Path) -> Path:
     """``phase_map``: the Stage I winner by argmax Ĩ, by argmax J and (with the flow) selected."""
-    import matplotlib.pyplot as plt
+    import matplotlib
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     flow = grid.flow
@@ -101,9 +98,10 @@ def _phase_map(grid: _Grid, path: Path) -> Path:
         sel = grid.of("selected")
         panels.append(("selected by the flow", sel, np.zeros_like(sel, dtype=bool)))
     labels = sorted({str(v) for _, G, _ in panels for v in G.ravel() if v is not None})
-    cmap = plt.get_cmap("tab10")
+    cmap = matplotlib.colormaps["tab10"]
     colour = {lab: cmap(i % 10) for i, lab in enumerate(labels)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 0.9 + 0.45 * grid.ny + 1.6), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(panels), 0.9 + 0.45 * grid.ny + 1.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)
     for pan, (ax, (title, G, U)) in enumerate(zip(axes[0], panels)):
         _winner_panel(ax, grid, pan, G, U, colour, win_I, win_J)
         ax.set_title(title, fontsize=10)
@@ -116,21 +114,21 @@ def _phase_map(grid: _Grid, path: Path) -> Path:
                  fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
     fig.savefig(path, dpi=130)
-    plt.close(fig)
     return path
 
 
 def _phase_heat(grid: _Grid, path: Path) -> Path:
     """``phase_heat``: a* and C* of the selected set, the predicted and (with the flow) measured durations."""
-    import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
 
     fnum = lambda v: np.nan if v is None else float(v)
     heats = [("a* of the selected set (∞: blank)", "a_star", False), ("C* of the selected set", "C_star", False),
              ("predicted Stage I duration", "stage1_duration", True)]  # fmt: skip
     if grid.flow:
         heats += [("measured Stage I duration", "t_event_I", True), ("measured Stage II duration", "t_event_II", True)]
-    fig, axes = plt.subplots(1, len(heats), figsize=(4.2 * len(heats), 0.9 + 0.45 * grid.ny + 1.2), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(heats), 0.9 + 0.45 * grid.ny + 1.2))
+    axes = fig.subplots(1, len(heats), squeeze=False)
     for ax, (title, key, logc) in zip(axes[0], heats):
         Z = grid.of(key, fnum).astype(float)
         ok = np.isfinite(Z) & ((Z > 0) if logc else True)
@@ -142,7 +140,6 @@ def _phase_heat(grid: _Grid, path: Path) -> Path:
         grid.ticks(ax)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    plt.close(fig)
     return path
 
 

@@ -33,7 +33,7 @@ from collections import Counter
 import numpy as np
 
 from .._util import STAGE_CODES
-from .._util import jsonable as _checks_jsonable
+from .._util import jsonable
 from ..trajectory import Trajectory
 
 __all__ = ["QUANTITIES", "RowSpread", "StageBands", "bands", "row_spread", "summarize"]
@@ -288,7 +288,7 @@ class RowSpread:
     measured: dict
 
     def to_json(self) -> dict:
-        return bands_jsonable(dataclasses.asdict(self))
+        return jsonable(dataclasses.asdict(self), inf_as_str=False)  # non-finite numbers as null
 
 
 def _is_num(x) -> bool:
@@ -367,9 +367,3 @@ def format_summary(s: dict) -> str:
     if isinstance(s["mean"], list):
         return "[" + ", ".join(one(m, sd) for m, sd in zip(s["mean"], s["std"])) + "]"
     return one(s["mean"], s["std"])
-
-
-
-def bands_jsonable(x):
-    # replicates.json writes every non-finite number as null
-    return _checks_jsonable(x, inf_as_str=False)

@@ -44,7 +44,9 @@ from ..core import sample as draw_sample
 from ..theory import RUNGS, Ladder, loss_ladder
 from ..core import PopulationLoss, resolve_layout
 from ..core import Params, features, subset_label
-from ._sweep import show_value, parse_param, sweep_points
+from .._util import atomic_write_text, jsonable, show_value, write_csv
+from ..figures import plot_eval
+from ._sweep import parse_param, sweep_points
 from ..trajectory import selected_set
 from ..trajectory import Trajectory, load
 
@@ -235,20 +237,7 @@ def _cell(v):
 
 def _write_csv(res: EvalResult, path: Path) -> Path:
     cols = list(res.rows[0].keys())
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for r in res.rows:
-            w.writerow([_cell(r[c]) for c in cols])
-    return path
-
-
-def _jsonable(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, tuple):
-        return list(v)
-    return v
+    return write_csv(path, cols, ([_cell(r[c]) for c in cols] for r in res.rows))
 
 
 def _write_json(res: EvalResult, traj: Trajectory, path: Path) -> Path:
@@ -259,68 +248,11 @@ def _write_json(res: EvalResult, traj: Trajectory, path: Path) -> Path:
         "run_loss": res.run_loss,
         "run_config": {k: v for k, v in traj.config.to_dict().items() if k in ("data", "model", "estimator")},
         "points": [
-            {"point": {f: _jsonable(r[f]) for f in res.fields}, "loss": r["loss"], "loss_se": r["loss_se"],
+            {"point": {f: jsonable(r[f], inf_as_str=False) for f in res.fields}, "loss": r["loss"], "loss_se": r["loss_se"],
              "unseen": r["unseen"], "ladder": lad.to_json()}
             for r, lad in zip(res.rows, res.ladders)
         ],
         "wall_s": res.wall,
     }  # fmt: skip
-    path.write_text(json.dumps(obj, indent=1, ensure_ascii=False, default=str))
-    return path
-
-
-_STYLE = {
-    "oracle": ("oracle E H(π)", "0.4", ":"),
-    "bayes": ("Bayes (Dirichlet predictive)", "tab:green", "--"),
-    "gih": ("GIH at its own a*", "tab:orange", "-."),
-    "unigram": ("context unigram", "tab:purple", (0, (1, 1))),
-}
-
-
-def plot_eval(res: EvalResult, path: str | Path) -> Path:
-    """Loss of θ against the first swept field (± SE), with the ladder's
-    curves (± SE bands); one panel per combination of the other fields."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    f0, rest = res.fields[0], res.fields[1:]
-    groups: dict[tuple, list[dict]] = {}
-    for r in res.rows:
-        groups.setdefault(tuple(show_value(r[f]) for f in rest), []).append(r)
-    n = len(groups)
-    fig, axes = plt.subplots(1, n, figsize=(6.4 * n, 4.6), squeeze=False)
-    for ax, (g, rows) in zip(axes[0], groups.items()):
-        xs = [r[f0] for r in rows]
-        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
-        x = np.array(xs, float) if numeric else np.arange(len(xs), dtype=float)
-        for k, (lab, col, ls) in _STYLE.items():
-            m = np.array([r[k] for r in rows])
-            s = np.array([r[f"{k}_se"] for r in rows])
-            ax.plot(x, m, ls=ls, color=col, label=lab)
-            ax.fill_between(x, m - 2 * s, m + 2 * s, color=col, alpha=0.15, lw=0)
-        m = np.array([r["loss"] for r in rows])
-        s = np.array([r["loss_se"] for r in rows])
-        ax.errorbar(x, m, yerr=2 * s, fmt="o-", color="tab:blue", ms=4, capsize=2, label="trained TF(θ) (± 2 SE)")
-        if numeric and np.all(x > 0) and x.max() / x.min() >= 8:
-            ax.set_xscale("log")
-            ax.set_xticks(x)
-            ax.set_xticklabels([show_value(v) for v in xs])
-            ax.minorticks_off()
-        elif not numeric:
-            ax.set_xticks(x)
-            ax.set_xticklabels([show_value(v) for v in xs])
-        ax.set_xlabel(f0)
-        ax.set_ylabel("loss (run's definition)")
-        title = f"θ of the run evaluated off-distribution; GIH on S = {subset_label(res.S)}"
-        if rest:
-            title += "\n" + ", ".join(f"{f}={v}" for f, v in zip(rest, g))
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_text(path, json.dumps(obj, indent=1, ensure_ascii=False, default=str))
     return path

@@ -75,14 +75,14 @@ from typing import Any
 
 import numpy as np
 
-from .._util import atomic_write_text
+from .._util import atomic_write_text, write_csv
 from ..figures import phase_row, plot_phase
 from ..config import Config
 from ..core import subset_label
 from ._sweep import format_cell, point_dirname, show_value, headline, run_point, sweep_points
 from ..core import make_loss
 from ..core import init_params
-from ..theory import make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
+from ..theory import TIE_RTOL, make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
 from ..trajectory import selected_set
 
 __all__ = [
@@ -111,7 +111,6 @@ FLOW_COLUMNS = (
 _SAMPLES_KEPT = 12
 # Two rankings' top two within this many paired SEs: uncertain (README §M6.1).
 _UNCERTAIN_SE = 3.0
-_TIE_RTOL = 1e-9
 
 
 # ---------------------------------------------------------------------------
@@ -221,7 +220,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     if len(sets) > 1:
         jJ = int(order[1])
         J_gap, J_gap_se = float(J[iJ] - J[jJ]), float(rates.diff_se[iJ, jJ])
-        tie = J_gap <= _TIE_RTOL * max(abs(J[iJ]), abs(J[jJ]), 1e-300)
+        tie = J_gap <= TIE_RTOL * max(abs(J[iJ]), abs(J[jJ]), 1e-300)
         J_unc = bool(tie or J_gap <= _UNCERTAIN_SE * J_gap_se)
     else:
         J_gap, J_gap_se, J_unc = math.inf, 0.0, False
@@ -342,22 +341,13 @@ def _definition(config: Config, fields, points, *, flow: bool, n_pi: int, pi_see
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
-
-
 def _columns(fields, flow: bool) -> list[str]:
     return ["index", *fields, *THEORY_COLUMNS, *(FLOW_COLUMNS if flow else ())]
 
 
 def _write_csv(path: Path, fields, rows, flow: bool) -> None:
     cols = _columns(fields, flow)
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for r in rows:
-        w.writerow([format_cell(r.get(c), full=True) for c in cols])
-    atomic_write_text(path, buf.getvalue())
+    write_csv(path, cols, ([format_cell(r.get(c), full=True) for c in cols] for r in rows), lineterminator="\n")
 
 
 def _parse_shard(shard) -> tuple[int, int] | None:
@@ -442,7 +432,7 @@ def run_phase(
     if overwrite:
         for f in (out / "points").glob("*.json"):
             f.unlink()
-    _write_atomic(jpath, json.dumps(defn, indent=1, default=str))
+    atomic_write_text(jpath, json.dumps(defn, indent=1, default=str))
     done = _load_points([out])
     csv_path = out / ("phase.csv" if sh is None else f"phase.shard{sh[0]}of{sh[1]}.csv")
     cache = _Cache()
@@ -464,7 +454,7 @@ def run_phase(
             rec["flow"] = point_flow(traj, report)
         walls.append(time.perf_counter() - tp)
         rec["wall_s"] = walls[-1]
-        _write_atomic(out / "points" / f"{k:05d}.json", json.dumps(rec, indent=1, default=str))
+        atomic_write_text(out / "points" / f"{k:05d}.json", json.dumps(rec, indent=1, default=str))
         done[k] = rec
         rows = [phase_row(done[j]) for j in mine if j in done]
         _write_csv(csv_path, fields, rows, flow)
@@ -487,7 +477,7 @@ def run_phase(
 def _write_results(out: Path, defn: dict, recs: list[dict]) -> None:
     body = {**defn, "results": [{k: v for k, v in r.items() if k != "wall_s"} for r in recs],
             "wall_s": [r.get("wall_s") for r in recs]}  # fmt: skip
-    _write_atomic(out / "phase.json", json.dumps(body, indent=1, default=str))
+    atomic_write_text(out / "phase.json", json.dumps(body, indent=1, default=str))
 
 
 def merge_shards(dirs, out: str | Path, *, plot: bool = True) -> PhaseResult:
@@ -524,7 +514,7 @@ def merge_shards(dirs, out: str | Path, *, plot: bool = True) -> PhaseResult:
     for r in recs:
         p = out / "points" / f"{r['index']:05d}.json"
         if not p.is_file():
-            _write_atomic(p, json.dumps(r, indent=1, default=str))
+            atomic_write_text(p, json.dumps(r, indent=1, default=str))
     fields, flow = defn["fields"], defn["flow"]
     rows = [phase_row(r) for r in recs]
     _write_csv(out / "phase.csv", fields, rows, flow)

@@ -93,8 +93,8 @@ from typing import Any
 
 import numpy as np
 
-from .._util import atomic_write_npz, atomic_write_text
-from ._bands import QUANTITIES, RowSpread, StageBands, format_summary, bands_jsonable, bands, row_spread, summarize
+from .._util import atomic_write_npz, atomic_write_text, jsonable
+from ._bands import QUANTITIES, RowSpread, StageBands, format_summary, bands, row_spread, summarize
 from ..config import Config
 from ..core import subset_label
 from ..trajectory import Trajectory, load
@@ -207,7 +207,7 @@ class Replicates:
                 "min": b.min,
                 "max": b.max,
             }
-        return bands_jsonable(
+        return jsonable(
             {
                 "R": self.R,
                 "seeds": self.seeds,
@@ -223,7 +223,7 @@ class Replicates:
                 "checks": [r.to_json() for r in self.spread],
                 "notes": self.notes,
             }
-        )
+        , inf_as_str=False)
 
     def table(self) -> str:
         """Readable text: stage statistics, the bands at the end of each
@@ -289,7 +289,7 @@ class Replicates:
         """Write ``replicates.json``, ``bands.npz`` and ``replicates.md`` into `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        _write(out / "replicates.json", json.dumps(self.summary(), indent=1, ensure_ascii=False))
+        atomic_write_text(out / "replicates.json", json.dumps(self.summary(), indent=1, ensure_ascii=False))
         arrays = {}
         for name, b in self.bands.items():
             arrays[f"{name}/tau"] = b.tau
@@ -302,7 +302,7 @@ class Replicates:
                 arrays[f"{name}/{q}/values"] = v
                 arrays[f"{name}/{q}/end"] = b.end[q]
         atomic_write_npz(out / "bands.npz", **arrays)
-        _write(out / "replicates.md", self.to_markdown())
+        atomic_write_text(out / "replicates.md", self.to_markdown())
 
 
 def _labels(cfg: Config) -> list[str]:
@@ -313,10 +313,6 @@ def _ms(m, s, spec=".4g") -> str:
     if m is None or not np.isfinite(m):
         return "—"
     return f"{m:{spec}} ± {s:.2g}" if np.isfinite(s) else f"{m:{spec}}"
-
-
-def _write(path: Path, text: str) -> None:
-    atomic_write_text(path, text)
 
 
 # ---------------------------------------------------------------------------

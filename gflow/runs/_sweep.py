@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import log_slope
+from .._util import log_slope, show_value, write_csv
 from .._util import atomic_write_text, rows_of_stage
 from ..config import Config
 from ..core import subset_label
@@ -219,16 +219,6 @@ def sweep_points(config: Config, params) -> list[tuple[dict[str, Any], Config]]:
             raise ValueError(f"sweep point {where}: {e}") from None
         points.append((point, cfg))
     return points
-
-
-def show_value(v) -> str:
-    if isinstance(v, str):
-        return v
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(show_value(u) for u in v) + "]"
-    return str(v)
 
 
 def point_dirname(k: int, point: dict) -> str:
@@ -414,9 +404,5 @@ def run_point(
 
 
 def _write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
-    buf = io.StringIO(newline="")
-    w = csv.writer(buf)
-    w.writerow(fields + ["dir", *COLUMNS])
-    for r in rows:
-        w.writerow([format_cell(r.get(c), full=True) for c in fields + ["dir", *COLUMNS]])
-    atomic_write_text(path, buf.getvalue())
+    cols = fields + ["dir", *COLUMNS]
+    write_csv(path, cols, ([format_cell(r.get(c), full=True) for c in cols] for r in rows))

@@ -30,6 +30,7 @@ from ._result import LAW_COVERAGE as LAW_COVERAGE
 from ._result import Theory as Theory
 from ._result import config_key as config_key
 from ._result import covers as covers
+from ._stage1 import TIE_RTOL as TIE_RTOL
 from ._stage1 import chi2_mi as chi2_mi
 from ._stage1 import modified_chi2_ranking as modified_chi2_ranking
 from ._stage1 import predicted_stage1_duration as predicted_stage1_duration

@@ -16,15 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._util import bisect_root, golden_max, mean_se
 from ..core import CountFeatures, PopulationLoss, PositionFeatures, Sample, window_code_count
-
-
-def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(x, np.float64)
-    n = x.shape[axis]
-    se = np.std(x, axis=axis, ddof=1) / np.sqrt(n) if n > 1 else np.zeros_like(np.mean(x, axis=axis))
-    return np.mean(x, axis=axis), se
-
 
 # ---------------------------------------------------------------------------
 # §6.4  Stage III: the generalized induction head
@@ -242,41 +235,6 @@ def _loss_mean_and_se(gih: GIH, a):
     return ell.mean(), ell.std(ddof=1 if n > 1 else 0) / jnp.sqrt(n)
 
 
-def _bisect(f, lo: float, hi: float, flo: float, *, tol: float = 1e-12, maxiter: int = 200) -> float:
-    """Root of ``f`` in ``[lo, hi]`` given ``sign f(lo) = sign flo ≠ sign f(hi)``."""
-    for _ in range(maxiter):
-        mid = 0.5 * (lo + hi)
-        fm = f(mid)
-        if fm == 0.0:
-            return mid
-        if (fm > 0) == (flo > 0):
-            lo, flo = mid, fm
-        else:
-            hi = mid
-        if hi - lo <= tol * max(1.0, abs(mid)):
-            break
-    return 0.5 * (lo + hi)
-
-
-def _golden_max(f, lo: float, hi: float, *, tol: float = 1e-10, maxiter: int = 200) -> float:
-    """Argmax of a unimodal ``f`` on ``[lo, hi]`` by golden-section search."""
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    x1, x2 = hi - g * (hi - lo), lo + g * (hi - lo)
-    f1, f2 = f(x1), f(x2)
-    for _ in range(maxiter):
-        if hi - lo <= tol * max(1.0, abs(hi)):
-            break
-        if f1 >= f2:
-            hi, x2, f2 = x2, x1, f1
-            x1 = hi - g * (hi - lo)
-            f1 = f(x1)
-        else:
-            lo, x1, f1 = x1, x2, f2
-            x2 = lo + g * (hi - lo)
-            f2 = f(x2)
-    return 0.5 * (lo + hi)
-
-
 @dataclasses.dataclass(frozen=True)
 class StageIIILaw:
     """The GIH's one-dimensional law on a grid of ``a`` and its landmarks (README §M6.4, §6.5).
@@ -349,7 +307,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
     # C* = max F e^a
     i = int(np.argmax(Fexp))
     lo, hi = a[max(i - 1, 0)], a[min(i + 1, a.size - 1)]
-    a_c = _golden_max(fFe, float(lo), float(hi)) if 0 < i < a.size - 1 else float(a[i])
+    a_c = golden_max(fFe, float(lo), float(hi)) if 0 < i < a.size - 1 else float(a[i])
     C_star = max(fFe(a_c), float(Fexp[i]))
     if C_star == float(Fexp[i]):
         a_c = float(a[i])
@@ -368,9 +326,9 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
         k = j
         while k + 1 < a.size and inside[k + 1]:
             k += 1
-        left = float(a[0]) if j == 0 else _bisect(g, float(a[j - 1]), float(a[j]), float(Fexp[j - 1] - half))
+        left = float(a[0]) if j == 0 else bisect_root(g, float(a[j - 1]), float(a[j]), float(Fexp[j - 1] - half))
         right = (
-            float(a[-1]) if k == a.size - 1 else _bisect(g, float(a[k]), float(a[k + 1]), float(Fexp[k] - half))
+            float(a[-1]) if k == a.size - 1 else bisect_root(g, float(a[k]), float(a[k + 1]), float(Fexp[k] - half))
         )
         intervals.append((left, right))
         j = k + 1
@@ -383,7 +341,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
     zeros, down = [], []
     for j in range(a.size - 1):
         if (F[j] > 0) != (F[j + 1] > 0):
-            z = _bisect(fF, float(a[j]), float(a[j + 1]), float(F[j]))
+            z = bisect_root(fF, float(a[j]), float(a[j + 1]), float(F[j]))
             zeros.append(z)
             if F[j] > 0:
                 down.append(z)
@@ -402,7 +360,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
     lim, a_lim = min(cands, key=lambda t: t[0])
     if math.isinf(a_lim):
         ell = np.asarray(gih.per_sequence_loss_inf())
-        lim_se = float(_mean_se(ell)[1])
+        lim_se = float(mean_se(ell)[1])
     else:
         lim_se = float(_loss_mean_and_se(gih, jnp.asarray(a_lim))[1])
 
@@ -443,7 +401,7 @@ def limit_loss(gih: GIH, *, a=None, a_grid=None, a_max: float = 30.0, n_grid: in
         law = stage3_law(gih, a_grid=a_grid, a_max=a_max, n_grid=n_grid)
         return {"a": law.a_limit, "loss": law.limit_loss, "loss_se": law.limit_loss_se}
     if math.isinf(float(a)) and float(a) > 0:
-        m, se = _mean_se(np.asarray(gih.per_sequence_loss_inf()))
+        m, se = mean_se(np.asarray(gih.per_sequence_loss_inf()))
     else:
         m, se = _loss_mean_and_se(gih, jnp.asarray(float(a), jnp.float64))
     return {"a": float(a), "loss": float(m), "loss_se": float(se)}

@@ -49,7 +49,6 @@ The coverage of each law is in ``gflow._theory_result.LAW_COVERAGE``
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import diffrax
 import equinox as eqx
@@ -58,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
+from .._util import mean_se
 from ..core import Params, PopulationLoss
 from ._gih import GIH
 
@@ -74,12 +74,6 @@ __all__ = [
     "stage1_rates_exact",
     "stage1_rates_small_a",
 ]
-
-def _mean_se(x):
-    x = np.asarray(x, np.float64)
-    n = x.shape[0]
-    return x.mean(0), (x.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros(x.shape[1:]))
-
 
 # ---------------------------------------------------------------------------
 # Stage I for any norm
@@ -105,7 +99,7 @@ def selector_gain(loss: PopulationLoss, w, C) -> tuple[float, float]:
     so it holds for either norm and either loss.
     """
     g = np.asarray(_gain_per_sequence(loss, jnp.asarray(w), jnp.asarray(C)), np.float64)
-    m, se = _mean_se(g)
+    m, se = mean_se(g)
     return float(m), float(se)
 
 
@@ -137,7 +131,7 @@ class SelectorRates:
 
 def _rates_from_per_sequence(per, sets, a, rate, kind) -> SelectorRates:
     per = np.asarray(per, np.float64)  # (N, nS)
-    r, rse = _mean_se(per)
+    r, rse = mean_se(per)
     diff = r[:, None] - r[None, :]
     n = per.shape[0]
     if n > 1:
@@ -300,7 +294,7 @@ def copier_vertex_gradient(loss: PopulationLoss, params: Params, selected, *, ga
     for h in selected:
         per = gw[:, h - 1, :] / s[h - 1][None, :]
         per[:, h - 1] = 0.0
-        m, se = _mean_se(per)
+        m, se = mean_se(per)
         g[h], g_se[h] = m, se
         att[h] = bool(np.all(np.delete(m, h - 1) > 0))
     return VertexGradient(selected=selected, g=g, g_se=g_se, attracting=att)
@@ -386,6 +380,6 @@ def gih_tail(gih: GIH) -> GIHTail:
     else:
         k = np.sum(pi * (p1 - p0) / (p1 + float(gih.eps)), -1)
     Kn = np.where(both, np.where(N1 > 0, N0 / np.where(N1 > 0, N1, 1.0), 0.0) * k, 0.0)
-    K, Kse = _mean_se(Kn)
-    Li, Lise = _mean_se(np.asarray(gih.per_sequence_loss_inf()))
+    K, Kse = mean_se(Kn)
+    Li, Lise = mean_se(np.asarray(gih.per_sequence_loss_inf()))
     return GIHTail(K=float(K), K_se=float(Kse), L_inf=float(Li), L_inf_se=float(Lise))

@@ -20,20 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from .._util import mean_se
 from ..core import DataConfig, ModelConfig, Params, PopulationLoss, sample_kernels, window_law
 from ._result import ChiSquaredRanking, Stage1Duration, StageIRates
 
 # Two Ĩ values whose paired difference is below this (relative to the larger
 # |Ĩ|) are an exact tie: with a fixed kernel the SE is 0, and sets that tie in
 # exact arithmetic differ by rounding only.
-_TIE_RTOL = 1e-9
-
-
-def _mean_se(x: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    x = np.asarray(x, np.float64)
-    n = x.shape[axis]
-    se = np.std(x, axis=axis, ddof=1) / np.sqrt(n) if n > 1 else np.zeros_like(np.mean(x, axis=axis))
-    return np.mean(x, axis=axis), se
+TIE_RTOL = 1e-9
 
 
 def _paired_se(x: np.ndarray) -> np.ndarray:
@@ -146,14 +140,14 @@ def modified_chi2_ranking(
     pis = sample_kernels(cfg, int(n_pi), key=key)
     It, ch = _chi2_mi_batch(pis, cfg, sets)
     It, ch = np.asarray(It), np.asarray(ch)
-    Im, Ise = _mean_se(It)
-    cm, cse = _mean_se(ch)
+    Im, Ise = mean_se(It)
+    cm, cse = mean_se(ch)
     dse = _paired_se(It)
     order = tuple(int(i) for i in np.argsort(-Im, kind="stable"))
     if len(sets) > 1:
         i, j = order[0], order[1]
         gap, gap_se = float(Im[i] - Im[j]), float(dse[i, j])
-        tie = gap <= _TIE_RTOL * max(abs(Im[i]), abs(Im[j]), 1e-300)
+        tie = gap <= TIE_RTOL * max(abs(Im[i]), abs(Im[j]), 1e-300)
         close = bool(tie or gap <= 3.0 * gap_se)
     else:
         gap, gap_se, close = math.inf, 0.0, False
@@ -227,7 +221,7 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
     Cs = jnp.eye(len(all_sets), dtype=w.dtype)[np.array(idx)]
     l0, ds = _per_sequence_dloss_da(loss, w, Cs)
     per = -np.asarray(ds, np.float64).T  # (N, nS)
-    J, Jse = _mean_se(per)
+    J, Jse = mean_se(per)
     return StageIRates(sets=sets, J=J, J_se=Jse, diff_se=_paired_se(per), L0=float(np.mean(np.asarray(l0))))
 
 
