@@ -315,7 +315,6 @@ def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
     rounding); with the residual mass on the empty set (a constant kernel, a dilution by
     0.99) it is a*/0.99."""
     from gflow.checks._base import model_zero
-
     from gflow.theory._theory import make_gih, stage3_law
 
     sets = gflow.subsets(3, 2)

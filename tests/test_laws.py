@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.theory import _laws as laws
 from gflow.config import from_dict
 from gflow.core import _model as gmodel
 from gflow.core._loss import StageLoss, make_loss
 from gflow.core._model import Params, init_params
 from gflow.dynamics._solve import VectorField
+from gflow.theory import _laws as laws
 from gflow.theory._theory import make_gih, stage1_rates
 
 

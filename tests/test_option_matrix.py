@@ -8,10 +8,10 @@ Slow: nine staged runs of the test size (d = 3, L = 40, N = 2000).
 """
 
 import pytest
-from gflow.theory._result import LAW_COVERAGE, covers
 
 import gflow
 from gflow.config import from_dict
+from gflow.theory._result import LAW_COVERAGE, covers
 
 BASE = {"data": {"d": 3, "L": 40}, "estimator": {"N": 2000}, "schedule": {"durations": [1e3, 1e10, 1e4]}}
 

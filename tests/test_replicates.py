@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.dynamics import _vmapped as vmapped
 from gflow.cli import main
+from gflow.dynamics import _vmapped as vmapped
 from gflow.dynamics._vmapped import sample_bytes
 from gflow.runs import integrate_batch
 from gflow.runs._replicates import (
