@@ -237,13 +237,17 @@ def _cmd_run(args) -> int:
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
     out = Path(args.out)
-    refuse_sgd(cfg, "gflow run")  # before any output folder is touched
     if args.replicates is not None:
+        refuse_sgd(cfg, "gflow run --replicates")  # before any output folder is touched
         return _run_replicates(args, cfg, out)
     if args.replicates_batch is not None:
         raise ValueError("--replicates-batch needs --replicates R")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
+    if cfg.solver.is_stochastic:  # sgd / sde: R seeds, written once (before any folder is touched)
+        from .dynamics import check_stochastic
+
+        check_stochastic(cfg, resume=args.resume)
     for w in warnings_for(cfg):
         print(f"gflow run: warning: {w}", file=sys.stderr)
     check_output(out)  # before any compute: a file, under a file, read-only
@@ -267,6 +271,8 @@ def _run(args, cfg, out: Path) -> int:
         for st in traj.stages:
             print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
                   f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s")  # fmt: skip
+        if traj.n_seeds:
+            print(f"  {traj.n_seeds} seeds ({cfg.solver.method}); report and figures on their mean and spread")
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
     ok = True
     if not args.no_check and not args.no_plot:

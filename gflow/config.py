@@ -1,4 +1,6 @@
-"""Run configuration: data, model, initialisation, schedule, solver, estimator.
+"""Run configuration: data, model, initialisation, schedule, solver, estimator, and the
+stochastic runs' ``[sgd]`` and ``[sde]`` sections (read only by ``solver.method = "sgd"``
+or ``"sde"``).
 
 Every field has the paper's default (the paper's simulations), so ``Config()``
 — or an empty TOML file — is the paper's default run. A TOML file has one
@@ -34,7 +36,13 @@ import numpy as np
 from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd", "sgd")
+_METHODS = ("tsit5", "kvaerno5", "gd", "sgd", "sde")
+METHODS = _METHODS  # every solver.method a configuration accepts (gflow run runs each)
+# The stochastic methods: R seeds (``sgd.seeds``) of a noisy training run, not one flow. ``gflow run``
+# and ``gflow.integrate`` run them (a trajectory with a seed axis); the flow integrators do not.
+STOCHASTIC_METHODS = ("sgd", "sde")
+_SAMPLINGS = ("fresh", "fixed", "replace")
+_SHARDS = ("none", "seeds", "batch")
 _JOINT_COORDS = ("log", "C")
 
 
@@ -105,10 +113,15 @@ class SolverConfig(eqx.Module):
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
       One name for every stage, or a list of three, one per stage
       (``["tsit5", "tsit5", "kvaerno5"]``); "gd" is all or nothing.
-      ``"sgd"`` (extension, joint schedule only, all or nothing): online SGD, R seeds
-      with fresh sequences every step, run by :func:`gflow.sgd` (step ``eta``, to
-      ``schedule.t1``); it is not a flow, so ``gflow.integrate``, ``gflow run``,
-      replicates and sweeps refuse it with an error pointing to :func:`gflow.sgd`.
+      ``"sgd"`` and ``"sde"`` (extensions, joint schedule only, all or nothing; the
+      stochastic methods :data:`STOCHASTIC_METHODS`): online SGD with step ``eta`` to
+      ``schedule.t1`` (``⌈t1/η⌉`` steps, as GD), and its diffusion limit, the SDE (the
+      stochastic modified equation of that SGD), each over ``sgd.seeds`` seeds with the
+      settings of the ``[sgd]`` and ``[sde]`` sections (:class:`SGDSection`,
+      :class:`SDESection`). ``gflow run`` and ``gflow.integrate`` run them and return a
+      trajectory with a seed axis (:attr:`gflow.Trajectory.per_seed`); the same runs as
+      :func:`gflow.sgd` and :func:`gflow.sde` of the configuration. Replicates, sweeps
+      and ``gflow.integrate_batch`` integrate flows only and refuse them.
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
@@ -153,6 +166,11 @@ class SolverConfig(eqx.Module):
     def is_gd(self) -> bool:
         return self.method_for("I") == "gd"
 
+    @property
+    def is_stochastic(self) -> bool:
+        """``"sgd"`` or ``"sde"``: R seeds of a noisy run (:data:`STOCHASTIC_METHODS`)."""
+        return self.method_for("I") in STOCHASTIC_METHODS
+
     def __check_init__(self):
         names = (self.method,) if isinstance(self.method, str) else self.method
         if len(names) not in (1, 3) or any(m not in _METHODS for m in names):
@@ -160,7 +178,7 @@ class SolverConfig(eqx.Module):
                 f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
                 f"got {self.method!r}"
             )
-        for m in ("gd", "sgd"):
+        for m in ("gd", *STOCHASTIC_METHODS):
             if m in names and len(set(names)) > 1:
                 raise ValueError(f"solver.method: {m!r} cannot be mixed with ODE solvers, got {self.method!r}")
         for name in ("rtol", "atol", "eta"):
@@ -179,6 +197,73 @@ class SolverConfig(eqx.Module):
             raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
 
 
+def _check_int(sec: str, obj, name: str, lo: int) -> None:
+    v = getattr(obj, name)
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{sec}.{name} must be an integer >= {lo}, got {v!r}")
+
+
+class SGDSection(eqx.Module):
+    """The ``[sgd]`` section: the stochastic runs (``solver.method = "sgd"`` or ``"sde"``).
+
+    The step η is ``solver.eta``, the end ``schedule.t1``, the saved steps
+    ``solver.save_per_decade`` a decade of the step count; this section says what a
+    deterministic run does not have (ignored by the flows and GD):
+
+    - `batch`: sequences per step B (default 1000); the SDE models the SGD of this B
+      (noise scale ``√(η/B)``). ``<= estimator.N`` with ``sampling = "fixed"``.
+    - `seeds`: independent runs R (default 8), vmapped; the trajectory's seed axis.
+    - `seed`: base PRNG seed (default 0): seed r draws its batches (SGD) or its
+      Brownian motion (SDE) from ``fold_in(key(seed), r)``, so seed r's run does not
+      depend on R.
+    - `sampling`: SGD's batches: ``"fresh"`` (default: online SGD, B new sequences a
+      step), ``"fixed"`` (without replacement from the fixed sample, epoch by epoch)
+      or ``"replace"`` (B i.i.d. draws from the fixed sample); :mod:`gflow.sgd`.
+    - `shard`: ``"none"`` (default), ``"seeds"`` or ``"batch"``: how SGD splits its work
+      over the devices (:class:`gflow.SGDConfig`).
+    """
+
+    batch: int = eqx.field(static=True, default=1000)
+    seeds: int = eqx.field(static=True, default=8)
+    seed: int = eqx.field(static=True, default=0)
+    sampling: str = eqx.field(static=True, default="fresh")
+    shard: str = eqx.field(static=True, default="none")
+
+    def __check_init__(self):
+        for name in ("batch", "seeds"):
+            _check_int("sgd", self, name, 1)
+        _check_int("sgd", self, "seed", 0)
+        if self.sampling not in _SAMPLINGS:
+            raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
+        if self.shard not in _SHARDS:
+            raise ValueError(f"sgd.shard must be one of {_SHARDS}, got {self.shard!r}")
+        if self.shard == "batch" and self.sampling != "fresh":
+            raise ValueError(f"sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh', "
+                             f"got {self.sampling!r} (use sgd.shard = 'seeds')")  # fmt: skip
+
+
+class SDESection(eqx.Module):
+    """The ``[sde]`` section: the diffusion limit of ``[sgd]``'s SGD (``solver.method = "sde"``;
+    its η, B, R and seed are ``solver.eta``, ``sgd.batch``, ``sgd.seeds``, ``sgd.seed``).
+
+    - `dt`: the Euler–Maruyama step (default ``0``: ``η/4``).
+    - `noise`: multiplies the diffusion (default 1: the SDE; 0: the gradient flow).
+    - `sigma_sample`: ``0`` (default: the gradient covariance Σ from the whole fixed
+      sample) or M, ``1 <= M <= estimator.N``: Σ from its first M sequences.
+    """
+
+    dt: float = eqx.field(static=True, default=0.0)
+    noise: float = eqx.field(static=True, default=1.0)
+    sigma_sample: int = eqx.field(static=True, default=0)
+
+    def __check_init__(self):
+        for name in ("dt", "noise"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"sde.{name} must be a finite number >= 0, got {v!r}")
+        _check_int("sde", self, "sigma_sample", 0)
+
+
 class Config(eqx.Module):
     """A whole run: one section per concern. ``Config()`` is the paper's default."""
 
@@ -188,13 +273,11 @@ class Config(eqx.Module):
     schedule: ScheduleConfig = ScheduleConfig()
     solver: SolverConfig = SolverConfig()
     estimator: EstimatorConfig = EstimatorConfig()
+    sgd: SGDSection = SGDSection()
+    sde: SDESection = SDESection()
 
     def __check_init__(self):
-        if self.solver.method_for("I") == "sgd" and self.schedule.kind != "joint":
-            raise ValueError(
-                f"solver.method = 'sgd' needs schedule.kind = 'joint' (SGD moves every block at every step), "
-                f"got schedule.kind = {self.schedule.kind!r}"
-            )
+        self._check_stochastic()
         if self.model.windows == "shifted" and self.schedule.kind == "staged" and self.schedule.events:
             # the Stage II event reads s^(h)_h (aligned windows); shifted head h's own offset is w[h-1, 0]
             raise ValueError(
@@ -215,6 +298,25 @@ class Config(eqx.Module):
                 f"init.c0 must satisfy {lo:.3g} <= |c0| <= {hi:.3g} with estimator.dtype = {self.estimator.dtype!r} "
                 f"(c_S = c0² and Σc must be normal finite numbers), got {self.init.c0!r}"
             )
+
+    def _check_stochastic(self) -> None:
+        """A stochastic method's settings that depend on other sections (before any compute)."""
+        m = self.solver.method_for("I")
+        if m not in STOCHASTIC_METHODS:
+            return
+        if self.schedule.kind != "joint":
+            raise ValueError(
+                f"solver.method = {m!r} needs schedule.kind = 'joint' (SGD moves every block at every step), "
+                f"got schedule.kind = {self.schedule.kind!r}"
+            )
+        if self.estimator.shard or self.estimator.chunk:
+            raise ValueError(f"solver.method = {m!r} does not support estimator.shard or estimator.chunk "
+                             f"(sgd.shard splits SGD's work over the devices)")  # fmt: skip
+        N = self.estimator.N
+        if m == "sgd" and self.sgd.sampling == "fixed" and self.sgd.batch > N:
+            raise ValueError(f"sgd.batch = {self.sgd.batch} must be <= estimator.N = {N} for sgd.sampling = 'fixed'")
+        if m == "sde" and self.sde.sigma_sample > N:
+            raise ValueError(f"sde.sigma_sample = {self.sde.sigma_sample} must be <= estimator.N = {N} (0: all of it)")
 
     def replace(self, **sections) -> Config:
         """A copy with some fields changed: ``cfg.replace(data={"L": 40})``."""
@@ -251,6 +353,8 @@ _SECTIONS = {
     "schedule": ScheduleConfig,
     "solver": SolverConfig,
     "estimator": EstimatorConfig,
+    "sgd": SGDSection,
+    "sde": SDESection,
 }
 
 # ---------------------------------------------------------------------------
@@ -348,6 +452,14 @@ _KEY_TYPES: dict[str, _Type] = {
     "estimator.chunk": _INT,
     "estimator.shard": _BOOL,
     "estimator.target": _STR,
+    "sgd.batch": _INT,
+    "sgd.seeds": _INT,
+    "sgd.seed": _INT,
+    "sgd.sampling": _STR,
+    "sgd.shard": _STR,
+    "sde.dt": _FLOAT,
+    "sde.noise": _FLOAT,
+    "sde.sigma_sample": _INT,
 }
 
 
@@ -402,13 +514,14 @@ N_WARN = 100
 
 
 def refuse_sgd(cfg: Config, what: str) -> None:
-    """``ValueError`` if ``cfg`` asks for ``solver.method = "sgd"``, which `what` (a flow
-    integrator) cannot run: SGD's R seeds are not one trajectory."""
-    if cfg.solver.method_for("I") == "sgd":
+    """``ValueError`` if ``cfg`` asks for a stochastic method (``solver.method = "sgd"`` or
+    ``"sde"``), which `what` (a flow integrator) cannot run: R seeds are not one trajectory."""
+    m = cfg.solver.method_for("I")
+    if m in STOCHASTIC_METHODS:
         raise ValueError(
-            f"solver.method = 'sgd' is online SGD over R seeds, not a flow: {what} integrates flows "
-            f"(solver.method one of {_METHODS[:3]}); run it with gflow.sgd(config, gflow.SGDConfig(batch=..., "
-            f"seeds=...)), which takes its step from solver.eta and its end from schedule.t1"
+            f"solver.method = {m!r} runs R seeds (sgd.seeds), not one flow: {what} integrates flows "
+            f"(solver.method one of {tuple(x for x in _METHODS if x not in STOCHASTIC_METHODS)}); run it with "
+            f"`gflow run CONFIG --out DIR` or gflow.integrate(config), which write a trajectory with a seed axis"
         )
 
 

@@ -15,6 +15,13 @@ people and tools; a process killed between the two renames leaves it one
 generation behind, which :func:`load` detects and ignores (the next save
 rewrites it).
 
+**A seed axis.** A stochastic run (``solver.method = "sgd"`` or ``"sde"``: R seeds)
+has :attr:`Trajectory.per_seed`, every array of :data:`SEED_ARRAYS` with a leading
+seed axis ``(R, T, ...)``, stored in the npz as ``seed_<name>``; its ordinary arrays
+are then the seed means of those (θ̄ = the mean parameters, the mean loss, …), so
+every reader of a trajectory reads the seed mean. ``run.json`` says ``"seeds": R``.
+Deterministic runs have ``per_seed = None`` and files without ``seed_*`` arrays.
+
 **One writer.** The run layer's lock (``gflow.runs.lock``, an exclusive
 ``fcntl.flock`` on ``DIR/.lock``) keeps a second writer out; :func:`load` does
 not need it.
@@ -38,6 +45,10 @@ _ARRAYS = (
     "ts", "stage", "w", "C", "a", "loss", "loss_se", "unseen",
     "grad_w", "grad_C", "grad_a", "grad_se_w", "grad_se_C", "grad_se_a", "grad_norm",
 )  # fmt: skip
+
+
+# The arrays a stochastic run keeps per seed (every array but the shared times and stage codes).
+SEED_ARRAYS = tuple(k for k in _ARRAYS if k not in ("ts", "stage"))
 
 
 class RunFolderError(ValueError, FileNotFoundError):
@@ -87,7 +98,10 @@ class Trajectory:
     `versions`, `seed`, `wall` (seconds); `generation`, the number of saves
     so far; `controller`, the step-size controller's state after the last
     saved solve (``{"stage", "t", "state"}``, so a resumed run continues with
-    the very steps an uninterrupted one takes), or ``None``.
+    the very steps an uninterrupted one takes), or ``None``; `per_seed`, for a
+    stochastic run (R seeds), ``{name: (R, T, ...) array}`` for every name of
+    :data:`SEED_ARRAYS` (the ordinary arrays then hold their seed means), else
+    ``None`` (:attr:`n_seeds`, :meth:`seed_se`, :meth:`seed_run`).
     """
 
     ts: np.ndarray
@@ -112,6 +126,38 @@ class Trajectory:
     wall: float = 0.0
     generation: int = 0
     controller: dict | None = None
+    per_seed: dict[str, np.ndarray] | None = None
+
+    # -- the seed axis of a stochastic run -------------------------------------
+    @property
+    def n_seeds(self) -> int:
+        """R, the number of seeds of a stochastic run; 0 for a deterministic one."""
+        return 0 if self.per_seed is None else int(self.per_seed["a"].shape[0])
+
+    def seed_se(self, name: str) -> np.ndarray:
+        """The standard error over the seeds of the seed mean of array `name` (``std/√R``,
+        ``ddof = 1``; ``inf`` for one seed), shape ``(T, ...)``; ``ValueError`` for a
+        deterministic run."""
+        if self.per_seed is None:
+            raise ValueError("seed_se: a deterministic run has no seed axis")
+        x = np.asarray(self.per_seed[name], np.float64)
+        R = x.shape[0]
+        if R < 2:
+            return np.full(x.shape[1:], np.inf)
+        return x.std(axis=0, ddof=1) / np.sqrt(R)
+
+    def seed_run(self, r: int) -> Trajectory:
+        """Seed r alone: a deterministic-shaped trajectory (``per_seed = None``) with seed r's
+        arrays, the same times, stages, configuration and status."""
+        if self.per_seed is None:
+            raise ValueError("seed_run: a deterministic run has no seed axis")
+        arrays = {k: getattr(self, k) for k in _ARRAYS}
+        arrays.update({k: np.asarray(v[r]) for k, v in self.per_seed.items()})
+        return dataclasses.replace(self, **arrays, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages])
+
+    def seed_mean(self) -> Trajectory:
+        """The seed-mean trajectory alone (the ordinary arrays, ``per_seed = None``)."""
+        return dataclasses.replace(self, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages])
 
     @property
     def nonfinite(self) -> list[str]:
@@ -191,6 +237,7 @@ def _meta(traj: Trajectory) -> dict:
         "wall": traj.wall,
         "n_saved": len(traj.ts),
         "controller": traj.controller,
+        "seeds": traj.n_seeds,
     }
 
 
@@ -203,7 +250,8 @@ def save(traj: Trajectory, out: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     traj.generation += 1
     text = json.dumps(_meta(traj), indent=2, default=_json_default)
-    atomic_write_npz(out / "trajectory.npz", **{k: getattr(traj, k) for k in _ARRAYS}, meta=np.array(text))
+    seeds = {f"seed_{k}": v for k, v in (traj.per_seed or {}).items()}
+    atomic_write_npz(out / "trajectory.npz", **{k: getattr(traj, k) for k in _ARRAYS}, **seeds, meta=np.array(text))
     atomic_write_text(out / "run.json", text)
     return out
 
@@ -241,6 +289,7 @@ def load(out: str | Path) -> Trajectory:
             if missing:
                 raise folder_error(npz, f"is not a gflow trajectory: arrays {missing} are missing")
             arrays = {k: np.asarray(z[k]) for k in _ARRAYS}
+            per_seed = {k: np.asarray(z[f"seed_{k}"]) for k in SEED_ARRAYS if f"seed_{k}" in z.files}
             text = str(z["meta"][()]) if "meta" in z.files else None
     except RunFolderError:
         raise
@@ -273,7 +322,16 @@ def load(out: str | Path) -> Trajectory:
         raise folder_error(
             npz, f"is inconsistent: {T} saved times, but arrays {bad} and n_saved = {meta.get('n_saved')}"
         )
+    if per_seed and (set(per_seed) != set(SEED_ARRAYS) or any(
+            v.shape[1:] != arrays[k].shape or v.shape[0] != per_seed["a"].shape[0] or v.shape[0] < 1
+            for k, v in per_seed.items())):  # fmt: skip
+        raise folder_error(npz, f"is inconsistent: its seed arrays {sorted(per_seed)} do not have the shapes (R, T, ...) "
+                                "of the trajectory's arrays")  # fmt: skip
+    if int(meta.get("seeds", 0)) != (per_seed["a"].shape[0] if per_seed else 0):
+        raise folder_error(npz, f"is inconsistent: the metadata says {meta.get('seeds')} seeds, the arrays "
+                                f"{per_seed['a'].shape[0] if per_seed else 0}")  # fmt: skip
     return Trajectory(
+        per_seed=per_seed or None,
         **arrays,
         stages=stages,
         config=config,

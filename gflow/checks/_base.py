@@ -127,7 +127,8 @@ class Ctx:
         self.sets = traj.subsets
         self.nS = len(self.sets)
         self.joint = self.cfg.schedule.kind == "joint"
-        self.gd = self.cfg.solver.is_gd
+        # discrete or noisy steps (GD, SGD, the SDE's Euler–Maruyama): no adaptive solver's error budget
+        self.gd = self.cfg.solver.is_gd or self.cfg.solver.is_stochastic
         self.delta = self.cfg.schedule.delta
         self.S_star, self.argmax_J = theory.S_star, theory.argmax_J
         self.selected = selected_set(traj)

@@ -72,6 +72,7 @@ from ._rows_stage1 import (
     stage1_end,
 )
 from ._rows_stage23 import rows_stage2, rows_stage3
+from ._seeds import check_seeds
 
 __all__ = [
     "Report",
@@ -148,7 +149,12 @@ def check(
     - `loss`: the run's estimator (default: ``make_loss`` of the run's configuration).
     - `claimed_S_star`: replace ``S*`` in the paper's winner row by this set (a
       deliberately different prediction: that row then fails unless the run selected it).
-    - `k_se`: how many paired standard errors the Monte Carlo parts of the tolerances allow.
+    - `k_se`: how many paired standard errors the Monte Carlo parts of the tolerances allow
+      (and, for a stochastic run, standard errors of the seed mean).
+
+    A stochastic run (R seeds, ``traj.per_seed``) is judged on its seed mean with its
+    standard error (:func:`gflow.checks._seeds.check_seeds`: R + 1 reports on one theory;
+    the report says "judged on the mean of R seeds").
 
     **Returns:** a :class:`Report`.
     """
@@ -168,6 +174,13 @@ def check(
         raise ValueError(f"check: the theory's sets {list(theory.sets)} are not the run's 𝒮 {list(traj.subsets)}")
     if claimed_S_star is not None and tuple(int(h) for h in claimed_S_star) not in traj.subsets:
         raise ValueError(f"claimed_S_star {tuple(claimed_S_star)} is not in the model's 𝒮 = {traj.subsets}")
+    if traj.n_seeds:
+        for one in [traj.seed_mean()] + [traj.seed_run(r) for r in range(traj.n_seeds)]:
+            sel = selected_set(one)
+            if sel is not None and sel not in theory.laws:
+                theory = theory.with_law(loss, sel)  # once, for every report below
+        return check_seeds(traj, lambda one: check(one, theory=theory, loss=loss, claimed_S_star=claimed_S_star,
+                                                   k_se=k_se), k_se)  # fmt: skip
     sel = selected_set(traj)
     if sel is not None:
         theory = theory.with_law(loss, sel)

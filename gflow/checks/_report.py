@@ -98,6 +98,9 @@ def _cell(x) -> str:
     return str(x)
 
 
+cell = _cell  # a value as the report's tables show it
+
+
 def _result(p) -> str:
     return "info" if p is None else ("PASS" if p else "FAIL")
 
@@ -175,8 +178,9 @@ class Report:
         out = []
         r, t = self.run, self.theory
         if r:
+            seeds = f", {r['seeds']} seeds (judged on their mean)" if r.get("seeds") else ""
             out.append(
-                f"run: {r.get('schedule', '?')} schedule, solver {r.get('method', '?')}, "
+                f"run: {r.get('schedule', '?')} schedule, solver {r.get('method', '?')}{seeds}, "
                 f"status {r.get('status', '?')}; "
                 + "; ".join(
                     f"{s['name']}: t ∈ [{s['t0']:.4g}, {s['t1']:.4g}] ended by {s['ended_by']}"

@@ -1,6 +1,7 @@
 """The solves: the stage loop of the paper's gradient flow and the joint flow
 (``_flow``, ``_solve``), replicates integrated at once (``_vmapped``), online SGD
-(``_sgd``) and its diffusion limit (``_sde``).
+(``_sgd``) and its diffusion limit (``_sde``), the two as runs with a seed axis
+(``_stochastic``).
 
 Layer rule: imports ``_util``, ``core``, ``gflow.config`` and ``gflow.trajectory``;
 hands every saved snapshot to an ``on_save`` hook instead of writing files itself.
@@ -11,8 +12,13 @@ from ._flow import check_resumable as check_resumable
 from ._flow import integrate as integrate
 from ._sde import SDEConfig as SDEConfig
 from ._sde import sde as sde
+from ._sde import sde_settings as sde_settings
 from ._sgd import SGDConfig as SGDConfig
 from ._sgd import SGDRun as SGDRun
 from ._sgd import sgd as sgd
+from ._sgd import sgd_settings as sgd_settings
+from ._stochastic import check_stochastic as check_stochastic
+from ._stochastic import integrate_stochastic as integrate_stochastic
+from ._stochastic import stochastic_trajectory as stochastic_trajectory
 from ._vmapped import integrate_batch_with_errors as integrate_batch_with_errors
 from ._vmapped import sample_bytes as sample_bytes

@@ -130,6 +130,33 @@ def _solve(terms: _Terms, y0, key, t1, dt, ts, n_steps: int):
     return sol.ys
 
 
+def sde_settings(cfg: Config) -> SDEConfig:
+    """The :class:`SDEConfig` of a configuration (what ``gflow run`` runs for
+    ``solver.method = "sde"``): η = ``solver.eta``, ``t1 = schedule.t1``,
+    ``save_per_decade`` from ``[solver]``; B, R and the seed from ``[sgd]`` (the SGD it
+    models); dt, the noise factor and Σ's sample from ``[sde]``."""
+    g, e = cfg.sgd, cfg.sde
+    return SDEConfig(eta=cfg.solver.eta, batch=g.batch, t1=cfg.schedule.t1, seeds=g.seeds, seed=g.seed, dt=e.dt,
+                     noise=e.noise, save_per_decade=cfg.solver.save_per_decade,
+                     sigma_sample=e.sigma_sample)  # fmt: skip
+
+
+def _sde_settings(cfg: Config, sc: SDEConfig | None) -> SDEConfig:
+    """``sc``, or with ``solver.method = "sde"`` the configuration's own (:func:`sde_settings`);
+    a given `sc` must then agree with it on η and t1 (an error naming both)."""
+    if cfg.solver.method_for("I") != "sde":
+        return SDEConfig() if sc is None else sc
+    own = sde_settings(cfg)
+    if sc is None:
+        return own
+    if sc.eta != own.eta or sc.t1 != own.t1:
+        raise ValueError(
+            f"solver.method = 'sde' takes η = solver.eta = {own.eta!r} and t1 = schedule.t1 = {own.t1!r}, but "
+            f"sde.eta = {sc.eta!r}, sde.t1 = {sc.t1!r}: make them agree, or pass no SDEConfig"
+        )
+    return sc
+
+
 def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | None = None,
         params0: Params | None = None) -> SGDRun:  # fmt: skip
     """Integrate ``sde.seeds`` paths of the SME of ``config`` (module docstring) and
@@ -138,9 +165,11 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
 
     ``config.schedule`` (which must be ``"joint"``) gives Λ; ``config.estimator`` the
     fixed sample whose ``L̂_N`` is the drift's and whose per-sequence gradients give Σ.
+    `sde` defaults to ``SDEConfig()``, or with ``solver.method = "sde"`` to the
+    configuration's own (:func:`sde_settings`), with which a given one must agree on η and t1.
     """
     t_wall = time.perf_counter()
-    cfg, sc = config, (SDEConfig() if sde is None else sde)
+    cfg, sc = config, _sde_settings(config, sde)
     if cfg.schedule.kind != "joint":
         raise ValueError(f"the SDE runs the joint schedule: schedule.kind must be 'joint', got {cfg.schedule.kind!r}")
     if cfg.estimator.shard or cfg.estimator.chunk:

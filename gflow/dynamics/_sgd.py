@@ -296,15 +296,28 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     return step, (P, keys, jnp.asarray(0))
 
 
+def sgd_settings(cfg: Config) -> SGDConfig:
+    """The :class:`SGDConfig` of a configuration: η = ``solver.eta``, ``⌈schedule.t1/η⌉``
+    steps (as GD), ``solver.save_per_decade``, and B, R, the seed, the sampling and the
+    sharding from its ``[sgd]`` section (what ``gflow run`` runs for ``solver.method = "sgd"``)."""
+    g = cfg.sgd
+    eta = cfg.solver.eta
+    return SGDConfig(eta=eta, steps=max(1, math.ceil(cfg.schedule.t1 / eta - 1e-9)), batch=g.batch, seeds=g.seeds,
+                     seed=g.seed, sampling=g.sampling, shard=g.shard,
+                     save_per_decade=cfg.solver.save_per_decade)  # fmt: skip
+
+
 def _settings(cfg: Config, sc: SGDConfig | None) -> SGDConfig:
-    """The run's :class:`SGDConfig`. With ``solver.method = "sgd"`` the config says η
-    (``solver.eta``) and the end ``schedule.t1`` (``⌈t1/η⌉`` steps, as GD): they fill the
-    default, and a given `sc` that says otherwise is an error naming both."""
+    """The run's :class:`SGDConfig`. With ``solver.method = "sgd"`` the config says it
+    (:func:`sgd_settings`: η from ``solver.eta``, the end from ``schedule.t1``, the rest
+    from ``[sgd]``); a given `sc` replaces it, but must agree on η and the steps (an error
+    naming both)."""
     if cfg.solver.method_for("I") != "sgd":
         return SGDConfig() if sc is None else sc
-    eta, K = cfg.solver.eta, max(1, math.ceil(cfg.schedule.t1 / cfg.solver.eta - 1e-9))
+    own = sgd_settings(cfg)
     if sc is None:
-        return SGDConfig(eta=eta, steps=K)
+        return own
+    eta, K = own.eta, own.steps
     if sc.eta != eta or sc.steps != K:
         raise ValueError(
             f"solver.method = 'sgd' takes η = solver.eta = {eta!r} and ⌈schedule.t1/η⌉ = {K} steps, but "
@@ -325,8 +338,9 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
       be ``"joint"``) and the fixed sample's estimator (``estimator``: the loss recorded
       at saved times and the sample that ``sampling="fixed"`` draws from).
     - `sgd`: an :class:`SGDConfig` (default ``SGDConfig()``; with ``solver.method = "sgd"``
-      the default takes η from ``solver.eta`` and ``⌈schedule.t1/η⌉`` steps, and a given one
-      must agree with them).
+      the default is the configuration's own, :func:`sgd_settings`: η from ``solver.eta``,
+      ``⌈schedule.t1/η⌉`` steps, the rest from its ``[sgd]`` section; a given one must agree
+      on η and the steps).
     - `loss`: the fixed sample's ``L̂_N`` (default ``make_loss`` of the config).
     - `params0`: the initial θ (default: the paper's initialisation), shared by all seeds.
     """

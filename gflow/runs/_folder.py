@@ -27,6 +27,7 @@ from ..checks import Report, check
 from ..config import Config
 from ..core import Params, PopulationLoss, make_loss
 from ..dynamics import integrate as integrate_flow
+from ..dynamics import integrate_stochastic
 from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
 from ..figures import FORMATS, draw_run
 from ..theory import Theory, config_key, theory_report
@@ -167,7 +168,12 @@ def integrate(
     verbose: bool = False,
     throw: bool = True,
 ) -> Trajectory:
-    """Integrate the gradient flow of ``config`` and return its trajectory.
+    """Run the training ``config.solver.method`` names and return its trajectory: a flow
+    (adaptive solvers, GD, or any other flow method of the configuration) through the
+    stage loop, or a stochastic method (``"sgd"``, ``"sde"``: ``sgd.seeds`` seeds) through
+    :func:`gflow.dynamics.integrate_stochastic`, a trajectory with a seed axis
+    (:attr:`~gflow.Trajectory.per_seed`; its ordinary arrays the seed means) whose seeds
+    are those of :func:`gflow.sgd` / :func:`gflow.sde` of the configuration.
 
     **Arguments:**
 
@@ -178,7 +184,7 @@ def integrate(
       (with the step-size controller's saved state: the same steps as an
       uninterrupted run), up to the (possibly later) end times of ``config``
       — e.g. a longer Stage III. Every setting that defines the trajectory so
-      far must equal the saved run's.
+      far must equal the saved run's. A stochastic run cannot be resumed (``ValueError``).
     - `overwrite`: allow writing over a run already saved in `out` (without
       it, that is an error: a finished run is never replaced silently); the
       old run's files, reports and figures are removed first.
@@ -201,8 +207,9 @@ def integrate(
     ``RunFolderError`` (a ``ValueError``) when `out` is locked by another
     process or cannot be written.
     """
-    return integrate_flow(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss,
-                          params0=params0, verbose=verbose, throw=throw)  # fmt: skip
+    run = integrate_stochastic if config.solver.is_stochastic else integrate_flow
+    return run(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss, params0=params0,
+               verbose=verbose, throw=throw)  # fmt: skip
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
