@@ -62,6 +62,7 @@ from ._base import (
     validity_window,
 )
 from ._panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
+from ._seeds import plot_seeds
 
 __all__ = [
     "fit_a_log_tau",
@@ -215,6 +216,8 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     lines.append("")
     lines.append(f"status: {traj.status}; wall {traj.wall:.0f} s")
     lines.append(f"N = {cfg.estimator.N}, seed {cfg.estimator.seed}, solver {cfg.solver.method}")
+    if traj.n_seeds:
+        lines.append(f"{traj.n_seeds} seeds: these panels show their mean")
     return "\n".join(lines)
 
 
@@ -279,7 +282,9 @@ def draw_run(
 ) -> list[Path]:
     """Draw every figure of the run saved in `run_dir` into `figdir` (default
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
-    ``loss`` and ``summary``, in format `fmt` (png, svg or pdf; 120 dpi).
+    ``loss`` and ``summary``, in format `fmt` (png, svg or pdf; 120 dpi); for a stochastic
+    run (R seeds) these draw the seed-mean trajectory, and ``seeds`` every seed with their
+    mean and spread (:func:`plot_seeds`).
 
     `theory`: a :class:`gflow.Theory` (or its JSON dict), or ``None`` (the
     figures are drawn without the theory's lines). `traj`: the run's
@@ -294,7 +299,8 @@ def draw_run(
     figdir = run_dir / "figures" if figdir is None else Path(figdir)
     figdir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, make in _FIGURES.items():
+    seeds = {"seeds": plot_seeds} if traj.n_seeds else {}
+    for name, make in {**_FIGURES, **seeds}.items():
         p = figdir / f"{name}.{fmt}"
         make(traj, theory).savefig(p, dpi=DPI)
         paths.append(p)

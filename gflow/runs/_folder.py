@@ -27,8 +27,8 @@ from ..checks import Report, check
 from ..config import Config
 from ..core import Params, PopulationLoss, make_loss
 from ..dynamics import integrate as integrate_flow
-from ..dynamics import integrate_stochastic
 from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
+from ..dynamics import integrate_stochastic
 from ..figures import FORMATS, draw_run
 from ..theory import Theory, config_key, theory_report
 from ..trajectory import Trajectory, folder_error, load, save, selected_set
