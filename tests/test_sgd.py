@@ -293,27 +293,38 @@ def test_sde_sigma_subsample(loss):
 
 
 def test_method_sgd_routes_to_gflow_sgd(loss, tmp_path):
-    """``solver.method = "sgd"``: gflow.dynamics._sgd takes η from solver.eta and ⌈t1/η⌉ steps (the same
-    run as the explicit SGDConfig), refuses a contradicting SGDConfig naming the fields;
-    gflow.integrate, integrate_batch and ``gflow run`` refuse it (exit 2, nothing written)
-    pointing to gflow.dynamics._sgd."""
-    import gflow.cli
-
-    cfg = CFG.replace(schedule={"t1": 0.25}, solver={"method": "sgd", "eta": 0.1})
+    """``solver.method = "sgd"``: gflow.dynamics._sgd takes η from solver.eta, ⌈t1/η⌉ steps and the
+    saved steps a decade from [solver], B, R and the seed from [sgd] (the same run as the explicit
+    SGDConfig), refuses a contradicting SGDConfig naming the fields; gflow.integrate runs it (a
+    trajectory with a seed axis: tests/test_methods.py), integrate_batch refuses it (a flow
+    integrator), naming gflow run."""
+    cfg = CFG.replace(schedule={"t1": 0.25}, solver={"method": "sgd", "eta": 0.1}, sgd={"batch": 50, "seeds": 2})
     run = sgd(cfg, loss=loss)
     assert run.sgd.eta == 0.1 and run.sgd.steps == 3 and run.ts[-1] == pytest.approx(0.3)
-    same = sgd(CFG, SGDConfig(eta=0.1, steps=3), loss=loss)
+    assert run.sgd.batch == 50 and run.sgd.seeds == 2 and run.sgd.save_per_decade == 1
+    same = sgd(CFG, SGDConfig(eta=0.1, steps=3, batch=50, seeds=2, save_per_decade=1), loss=loss)
     np.testing.assert_array_equal(run.a, same.a)
     with pytest.raises(ValueError, match=r"solver\.eta = 0\.1 .* sgd\.eta = 0\.2"):
         sgd(cfg, SGDConfig(eta=0.2, steps=3), loss=loss)
-    with pytest.raises(ValueError, match=r"run it with gflow\.sgd"):
-        gflow.integrate(cfg, loss=loss)
-    with pytest.raises(ValueError, match=r"gflow\.integrate_batch .* run it with gflow\.sgd"):
+    with pytest.raises(ValueError, match=r"gflow\.integrate_batch integrates flows .* `gflow run CONFIG --out DIR`"):
         gflow.integrate_batch([cfg, cfg.replace(estimator={"seed": 1})])
-    p = tmp_path / "sgd.toml"
-    p.write_text('[schedule]\nkind = "joint"\n[solver]\nmethod = "sgd"\n')
-    assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "out"), "--quiet"]) == 2
-    assert not (tmp_path / "out").exists()
+    traj = gflow.integrate(cfg, loss=loss)
+    np.testing.assert_array_equal(traj.per_seed["a"], run.a)
+
+
+def test_method_sde_takes_its_settings_from_the_config(loss):
+    """``solver.method = "sde"``: gflow.dynamics._sde takes η, t1 and the saved steps from the
+    config, B, R and the seed from [sgd], dt, noise and Σ's sample from [sde] (the same run as the
+    explicit SDEConfig); a contradicting SDEConfig is refused naming the fields."""
+    cfg = CFG.replace(schedule={"t1": 0.2}, solver={"method": "sde", "eta": 0.1},
+                      sgd={"batch": 10, "seeds": 2, "seed": 3}, sde={"dt": 0.05, "sigma_sample": 50})  # fmt: skip
+    run = sde(cfg, loss=loss)
+    same = sde(CFG, SDEConfig(eta=0.1, t1=0.2, batch=10, seeds=2, seed=3, dt=0.05, sigma_sample=50,
+                              save_per_decade=1), loss=loss)  # fmt: skip
+    np.testing.assert_array_equal(run.a, same.a)
+    assert run.steps[-1] == 4
+    with pytest.raises(ValueError, match=r"schedule\.t1 = 0\.2, .* sde\.t1 = 0\.3"):
+        sde(cfg, SDEConfig(eta=0.1, t1=0.3), loss=loss)
 
 
 # -- sgd.shard: the work split over devices ----------------------------------------------------
