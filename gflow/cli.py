@@ -244,10 +244,10 @@ def _cmd_run(args) -> int:
         raise ValueError("--replicates-batch needs --replicates R")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
-    if cfg.solver.is_stochastic:  # sgd / sde: R seeds, written once (before any folder is touched)
+    if cfg.solver.is_stochastic:  # sgd / sde: R seeds (before any folder is touched)
         from .dynamics import check_stochastic
 
-        check_stochastic(cfg, resume=args.resume)
+        check_stochastic(cfg)
     for w in warnings_for(cfg):
         print(f"gflow run: warning: {w}", file=sys.stderr)
     check_output(out)  # before any compute: a file, under a file, read-only

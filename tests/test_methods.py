@@ -140,6 +140,21 @@ def test_stochastic_report_is_judged_on_the_seed_mean(folders, method):
         assert "4·SE(seeds)" in str(row["tolerance"])
 
 
+def test_resume_reuses_the_same_complete_run_and_refuses_another(folders, capsys):
+    """``gflow run --resume`` of a complete stochastic run with the same configuration has nothing
+    to run: exit 0, the saved snapshot untouched; with another configuration (R = 3) it is refused
+    (exit 2) naming why, the saved run untouched."""
+    d = folders("sgd")[0]
+    before = gflow.load(d).generation
+    toml = _toml(d.parent, "sgd")
+    assert gflow.cli.main(["run", str(toml), "--out", str(d), "--resume", "--quiet", "--no-check", "--no-plot"]) == 0
+    assert gflow.load(d).generation == before
+    other = _toml(d.parent, "sgd", [("seeds = 2", "seeds = 3")])
+    assert gflow.cli.main(["run", str(other), "--out", str(d), "--resume", "--quiet", "--no-check", "--no-plot"]) == 2
+    assert "cannot be resumed (the saved run was made by another configuration)" in capsys.readouterr().err
+    assert gflow.load(d).generation == before and gflow.load(d).n_seeds == 2
+
+
 def test_load_round_trip_and_inconsistent_seed_arrays(folders, tmp_path):
     """``gflow.load`` of a saved stochastic run gives the same trajectory (every seed array);
     seed arrays of the wrong shape are a RunFolderError naming the file."""
@@ -197,7 +212,6 @@ def test_combine_row_mean_and_standard_error():
     ([("seeds = 2", "seeds = 2\n[sde]\ndt = -1.0")], [], r"sde\.dt must be a finite number >= 0"),
     ([("seeds = 2", "seeds = 2\n[sde]\nsigma_sample = 121"), ('"sgd"', '"sde"')], [],
      r"sde\.sigma_sample = 121 must be <= estimator\.N = 120"),
-    ([], ["--resume"], r"cannot be resumed"),
     ([], ["--replicates", "2"], r"gflow run --replicates integrates flows"),
 ])  # fmt: skip
 def test_bad_stochastic_requests_exit_2_before_anything_is_written(tmp_path, capsys, monkeypatch, replace, arg, match):

@@ -43,17 +43,32 @@ from ._sgd import sgd, sgd_settings
 from ._solve import stats_at
 
 
-def check_stochastic(config: Config, *, resume: bool = False) -> None:
-    """Refuse, before any compute, what a stochastic run cannot do: ``ValueError`` naming it."""
+def check_stochastic(config: Config) -> None:
+    """Refuse, before any compute, a stochastic request that cannot run: ``ValueError`` naming it."""
     m = config.solver.method_for("I")
     if not config.solver.is_stochastic:
         raise ValueError(f"solver.method = {m!r} is not a stochastic method ('sgd' or 'sde')")
-    if resume:
-        raise ValueError(
-            f"solver.method = {m!r}: a stochastic run is written once, complete, and cannot be resumed; "
-            "run it again (with overwrite=True, `gflow run --overwrite`)"
-        )
     (sgd_settings if m == "sgd" else sde_settings)(config)  # the settings' own checks
+
+
+def _resumed(config: Config, out) -> Trajectory:
+    """`resume` of a stochastic run: the saved run itself when it is complete and was made by the
+    very same configuration (there is nothing left to run); otherwise ``ValueError``: a stochastic
+    run is written once, complete, and is not continued."""
+    m = config.solver.method_for("I")
+    if out is None:
+        raise ValueError("resume=True needs the run folder `out`")
+    saved = out.load()
+    quiet = {"progress": False}  # the progress meter changes no number
+    same = saved.config.replace(solver=quiet) == config.replace(solver=quiet)
+    if saved.status == "complete" and same and saved.n_seeds:
+        return saved
+    why = (f"its status is {saved.status!r}" if saved.status != "complete" else
+           "the saved run was made by another configuration" if not same else "it has no seed axis")
+    raise ValueError(
+        f"solver.method = {m!r}: a stochastic run is written once, complete, and cannot be resumed ({why}); "
+        "run it again (with overwrite=True, `gflow run --overwrite`)"
+    )
 
 
 def _stats(loss: PopulationLoss, w, C, a, block: int):
@@ -104,16 +119,23 @@ def integrate_stochastic(
 ) -> Trajectory:
     """Run the stochastic method of ``config`` (``solver.method = "sgd"`` or ``"sde"``) and
     return its trajectory with a seed axis (module docstring); the arguments are
-    :func:`gflow.integrate`'s (`resume` is refused: a stochastic run is not resumable).
+    :func:`gflow.integrate`'s; `resume` returns the saved run when it is complete and was made by
+    the same configuration (nothing is left to run) and is refused otherwise (a stochastic run is
+    written once, complete, and never continued).
 
     **Returns:** a :class:`~gflow.trajectory.Trajectory` whose ``per_seed[k][r]`` is seed r
     of ``gflow.sgd(config)`` (or ``gflow.sde(config)``) exactly, for ``k`` in w, C, a, loss.
 
-    **Raises:** ``ValueError`` before any compute for a request it cannot run (`resume`, a
-    folder holding a run without `overwrite`, bad settings); :class:`FlowError` (with the
+    **Raises:** ``ValueError`` before any compute for a request it cannot run (`resume` of
+    another or an unfinished run, a folder holding a run without `overwrite`, bad settings); :class:`FlowError` (with the
     trajectory, saved to `out`) when a seed's θ becomes non-finite, unless ``throw=False``.
     """
-    check_stochastic(config, resume=resume)
+    check_stochastic(config)
+    if resume:
+        if out is None:
+            return _resumed(config, None)
+        with out.lock():
+            return _resumed(config, out)
     if out is None:
         return _run(config, out=None, overwrite=overwrite, loss=loss, params0=params0, verbose=verbose, throw=throw)
     with out.lock():
@@ -124,7 +146,8 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw) -> Traje
     t_wall = time.perf_counter()
     if out is not None and out.holds_run() and not overwrite:
         raise ValueError(
-            f"{str(out)!r} already holds a run: pass overwrite=True (`--overwrite`); a stochastic run cannot be resumed"
+            f"{str(out)!r} already holds a run: pass overwrite=True (`--overwrite`) (a stochastic run is "
+            "not continued: `--resume` only reuses the same configuration's complete run)"
         )
     if params0 is not None:
         check_params(params0, cfg)
