@@ -184,7 +184,8 @@ def integrate(
       (with the step-size controller's saved state: the same steps as an
       uninterrupted run), up to the (possibly later) end times of ``config``
       — e.g. a longer Stage III. Every setting that defines the trajectory so
-      far must equal the saved run's. A stochastic run cannot be resumed (``ValueError``).
+      far must equal the saved run's. A stochastic run is not continued: `resume` returns
+      its saved run when complete and made by the same configuration, else ``ValueError``.
     - `overwrite`: allow writing over a run already saved in `out` (without
       it, that is an error: a finished run is never replaced silently); the
       old run's files, reports and figures are removed first.
