@@ -419,7 +419,9 @@ def _print_verdict(rep, quiet: bool) -> bool:
     if quiet:
         return rep.passed
     # the paper verdict is the scientific result; only a gflow failure is an error (exit 1)
-    print(f"gflow check: paper verdict {v['paper'].upper()}; gflow verdict {v['gflow'].upper()}"
+    seeds = rep.run.get("seeds")
+    judged = f" (judged on the mean of {seeds} seeds)" if seeds else ""
+    print(f"gflow check{judged}: paper verdict {v['paper'].upper()}; gflow verdict {v['gflow'].upper()}"
           f" (selected {rep.theory.get('selected')}, S* = {rep.theory.get('S_star')}, "
           f"argmax J = {rep.theory.get('argmax_J')})")  # fmt: skip
     return rep.passed

@@ -129,6 +129,7 @@ def test_stochastic_report_is_judged_on_the_seed_mean(folders, method):
     tr = gflow.load(d)
     rep = json.loads((d / "report.json").read_text())
     assert rep["run"]["seeds"] == 2 and "judged on the mean of 2 seeds" in rep["notes"][1]
+    assert rep["notes"][-1].startswith("checks computed in") and "3 reports" in rep["notes"][-1]
     assert "2 seeds (judged on their mean)" in (d / "report.md").read_text()
     theory = gflow.Theory.from_json(json.loads((d / "theory.json").read_text()))
     seeds = [gflow.check(tr.seed_run(r), theory=theory) for r in range(2)]
@@ -153,6 +154,25 @@ def test_resume_reuses_the_same_complete_run_and_refuses_another(folders, capsys
     assert gflow.cli.main(["run", str(other), "--out", str(d), "--resume", "--quiet", "--no-check", "--no-plot"]) == 2
     assert "cannot be resumed (the saved run was made by another configuration)" in capsys.readouterr().err
     assert gflow.load(d).generation == before and gflow.load(d).n_seeds == 2
+
+
+def test_seeds_figure_draws_every_seed_their_mean_and_spread(folders):
+    """figures/seeds: in the a panel, one thin line per seed (seed r's a), the mean line (the
+    seeds' mean a) and two bands; a deterministic run has no seeds figure to draw."""
+    from gflow.figures import plot_seeds
+
+    tr = gflow.load(folders("sgd")[0])
+    fig = plot_seeds(tr)
+    ax = fig.axes[0]
+    pos = tr.ts > 0
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    np.testing.assert_array_equal(lines["mean of 2 seeds"].get_ydata(), tr.per_seed["a"][:, pos].mean(0))
+    seeds = [ln for ln in ax.get_lines() if ln.get_linewidth() == 0.6]
+    assert len(seeds) == 2
+    np.testing.assert_array_equal(seeds[1].get_ydata(), tr.per_seed["a"][1, pos])
+    assert len(ax.collections) == 2  # the spread and the ±2 SE bands
+    with pytest.raises(ValueError, match="no seed axis"):
+        plot_seeds(tr.seed_run(0))
 
 
 def test_load_round_trip_and_inconsistent_seed_arrays(folders, tmp_path):

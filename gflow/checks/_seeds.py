@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -99,6 +100,7 @@ def check_seeds(traj: Trajectory, check_one: Callable[[Trajectory], Report], k_s
     """The report of the stochastic run `traj` (R seeds), judged on the seed mean with its
     standard error (module docstring); `check_one` checks one deterministic trajectory on the
     run's theory and sample."""
+    t0 = time.perf_counter()
     R = traj.n_seeds
     mean_rep = check_one(traj.seed_mean())
     seed_reps = [check_one(traj.seed_run(r)) for r in range(R)]
@@ -114,4 +116,6 @@ def check_seeds(traj: Trajectory, check_one: Callable[[Trajectory], Report], k_s
     ]
     if len(sel) > 1:
         notes.append(f"the seeds selected different sets ({', '.join(sel)}): their mean mixes them")
-    return dataclasses.replace(mean_rep, rows=rows, run=run, notes=notes + list(mean_rep.notes))
+    kept = [n for n in mean_rep.notes if not n.startswith("checks computed in")]
+    notes += kept + [f"checks computed in {time.perf_counter() - t0:.1f} s ({R + 1} reports: the seed mean and every seed)"]
+    return dataclasses.replace(mean_rep, rows=rows, run=run, notes=notes)
