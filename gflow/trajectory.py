@@ -327,7 +327,8 @@ def load(out: str | Path) -> Trajectory:
             for k, v in per_seed.items())):  # fmt: skip
         raise folder_error(npz, f"is inconsistent: its seed arrays {sorted(per_seed)} do not have the shapes (R, T, ...) "
                                 "of the trajectory's arrays")  # fmt: skip
-    if int(meta.get("seeds", 0)) != (per_seed["a"].shape[0] if per_seed else 0):
+    n_meta = meta.get("seeds", 0)
+    if isinstance(n_meta, bool) or not isinstance(n_meta, int) or n_meta != (per_seed["a"].shape[0] if per_seed else 0):
         raise folder_error(npz, f"is inconsistent: the metadata says {meta.get('seeds')} seeds, the arrays "
                                 f"{per_seed['a'].shape[0] if per_seed else 0}")  # fmt: skip
     return Trajectory(

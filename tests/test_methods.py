@@ -192,6 +192,16 @@ def test_load_round_trip_and_inconsistent_seed_arrays(folders, tmp_path):
     save(tr, tmp_path / "bad")
     with pytest.raises(RunFolderError, match=r"trajectory\.npz.*seed arrays"):
         load(tmp_path / "bad")
+    deterministic = gflow.load(folders("sgd")[0]).seed_run(0)
+    save(deterministic, tmp_path / "det")
+    with np.load(tmp_path / "det" / "trajectory.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"][()]))
+    meta["seeds"] = "two"
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez(tmp_path / "det" / "trajectory.npz", **arrays)
+    with pytest.raises(RunFolderError, match=r"the metadata says two seeds, the arrays 0"):
+        load(tmp_path / "det")
 
 
 def _numeric_row(measured=1.0, tol=0.5, wrong=3.0):
