@@ -2,7 +2,9 @@
 
 - ``gflow run [CONFIG] --out DIR``: integrate the flow of a TOML
   configuration (none: the paper's default staged run), write the trajectory,
-  the check report and the figures into DIR.
+  the check report and the figures into DIR. Every ``solver.method`` runs: the
+  flows and GD, and ``"sgd"``/``"sde"`` (R seeds: a trajectory with a seed axis,
+  its report judged on the seed mean, a ``seeds`` figure).
 - ``gflow theory [CONFIG] [--json]``: the paper's predictions for a
   configuration, without integrating anything.
 - ``gflow check DIR``: compare a saved run with the theory; writes
