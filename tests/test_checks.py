@@ -155,11 +155,11 @@ def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, ca
         rows = [Row("f", 1, 1, 0, verdicts[0], "finite"), Row("p", 1, 1, 0, verdicts[1], "paper")]
         return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
-    monkeypatch.setattr(gflow.checks._checks, "check_run", fake((True, False)))
+    monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paper verdict FAIL; gflow verdict PASS" in out and "S* = {2}" in out
-    monkeypatch.setattr(gflow.checks._checks, "check_run", fake((False, True)))
+    monkeypatch.setattr(gflow.runs, "check_run", fake((False, True)))
     assert main(["check", str(tmp_path)]) == 1
     assert "paper verdict PASS; gflow verdict FAIL" in capsys.readouterr().out
 
@@ -292,7 +292,7 @@ def test_bracketed_root_newton_and_its_safeguard():
     derivative (zero, or of the wrong sign: every step falls back to bisection)."""
     import math
 
-    from gflow.checks._base import _bracketed_root
+    from gflow._util import bracketed_root as _bracketed_root
 
     root = 0.3 + math.atanh(0.2)
     calls = []

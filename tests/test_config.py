@@ -252,7 +252,7 @@ def test_bad_configs_exit_2_before_any_compute(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compute reached")
 
-    monkeypatch.setattr(gflow.dynamics._flow, "integrate", boom)
+    monkeypatch.setattr(gflow.runs, "integrate", boom)
     monkeypatch.setattr(gflow.dynamics._flow, "make_loss", boom)
     monkeypatch.setattr(gflow.core._loss, "make_loss", boom)
     clean = 0
@@ -315,7 +315,7 @@ def test_small_N_warns(tmp_path, capsys, monkeypatch):
     def stop(*a, **k):
         raise ValueError("stopped before compute")
 
-    monkeypatch.setattr(gflow.dynamics._flow, "integrate", stop)
+    monkeypatch.setattr(gflow.runs, "integrate", stop)
     p = tmp_path / "n10.toml"
     p.write_text("[estimator]\nN = 10\n")
     assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2

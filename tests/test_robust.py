@@ -252,10 +252,10 @@ def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch)
     def boom(*a, **k):
         raise AssertionError("reached the checks or the figures")
 
-    monkeypatch.setattr(gflow.checks._checks, "theory_report", boom)
-    monkeypatch.setattr(gflow.checks._checks, "make_loss", boom)
-    monkeypatch.setattr(gflow.checks._checks, "load_or_compute", boom)
-    monkeypatch.setattr(gflow.figures._plot, "plot_run", boom)
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", boom)
+    monkeypatch.setattr(gflow.runs._folder, "make_loss", boom)
+    monkeypatch.setattr(gflow.runs._folder, "load_or_compute", boom)
+    monkeypatch.setattr(gflow.runs, "plot_run", boom)
     cases = _corrupt_cases(tmp_path)
     assert len(cases) >= 17
     for name, (d, fragment) in cases.items():
@@ -315,10 +315,10 @@ def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
         save(tr, out)
         return tr
 
-    monkeypatch.setattr(gflow.dynamics._flow, "integrate", fake_integrate)
+    monkeypatch.setattr(gflow.runs, "integrate", fake_integrate)
     for passed, code in ((False, 1), (True, 0)):
         rep = Report(rows=[Row("trajectory finite", "every saved value finite", "a", "exact", passed)])
-        monkeypatch.setattr(gflow.checks._checks, "check_run", lambda out, rep=rep: rep)
+        monkeypatch.setattr(gflow.runs, "check_run", lambda out, rep=rep: rep)
         assert gflow.cli.main(["run", "--out", str(d), "--overwrite", "--no-plot", "--quiet"]) == code
         err = capsys.readouterr().err
         assert ("the check report's verdict fails" in err) == (not passed)
@@ -403,7 +403,7 @@ def test_output_location_checked_before_compute(tmp_path, capsys, no_compute, mo
 def test_plot_out_a_file_is_a_clear_error(tmp_path, capsys, monkeypatch):
     import gflow.figures._plot
 
-    monkeypatch.setattr(gflow.figures._plot, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
+    monkeypatch.setattr(gflow.runs, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
     d = tmp_path / "run"
     save(_synthetic(_tiny_cfg()), d)
     f = tmp_path / "fig.png"
@@ -440,7 +440,7 @@ def test_integration_failure_exits_3(tmp_path, capsys, monkeypatch):
     def fail(*a, **k):
         raise gflow.dynamics._flow.FlowError("max_steps reached", stage="I", t=0.5, trajectory=tr, out=tmp_path / "o")
 
-    monkeypatch.setattr(gflow.dynamics._flow, "integrate", fail)
+    monkeypatch.setattr(gflow.runs, "integrate", fail)
     assert gflow.cli.main(["run", "--out", str(tmp_path / "o"), "--quiet"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("gflow run: error: Stage I failed at t = 0.5: max_steps reached (partial trajectory kept")
