@@ -123,7 +123,13 @@ class InitConfig(eqx.Module):
     """The paper's initialisation (README §M4): ``w^(h)_i = w_plus`` if ``i = h``
     else ``w_minus``; ``C_S = c0`` for every S; ``a = a0``. With
     ``model.windows = "shifted"``, ``w_plus`` sits on the first entry of head
-    h's window (offset h), as in the official code."""
+    h's window (offset h), as in the official code.
+
+    - `w_plus`: the RPE weight of head h on its own offset h (default 3).
+    - `w_minus`: the RPE weight on every other offset (default 0.1).
+    - `c0`: every selector weight ``C_S`` (non-zero; default 0.01, so ``c_S = 10⁻⁴``).
+    - `a0`: the classifier scale ``a`` (default 0.01).
+    """
 
     w_plus: float = 3.0
     w_minus: float = 0.1
