@@ -13,6 +13,7 @@ they cannot drift from it.
   code followed by what they printed and the figures they drew. The examples are executed
   at build time at the tiny size (``GFLOW_EXAMPLE_SIZE=tiny`` unless set otherwise);
   ``GFLOW_DOCS_EXECUTE=0`` renders them without running them.
+- the repository's ``figures/*.png`` are served as ``figures/`` of the site.
 - MathJax (the ``mathjax`` package on PyPI, a dependency of the ``docs`` extra) is copied
   into the site, so the mathematics renders offline, with no request to a CDN.
 """
@@ -259,8 +260,10 @@ def on_files(files, config):
 
     mj = importlib.resources.files("mathjax") / "static" / "mathjax" / "es5" / "tex-svg.js"
     files.append(File.generated(config, "assets/mathjax/tex-svg.js", abs_src_path=str(mj)))
-    execute = os.environ.get("GFLOW_DOCS_EXECUTE", "1") != "0"
     docs = Path(config["docs_dir"])
+    for png in sorted((docs.parent / "figures").glob("*.png")):  # the repository's committed figures
+        files.append(File.generated(config, f"figures/{png.name}", abs_src_path=str(png)))
+    execute = os.environ.get("GFLOW_DOCS_EXECUTE", "1") != "0"
     for path in sorted((docs / EXAMPLES).glob("*.py")):
         page, images = render_example(path, execute=execute)
         files.append(File.generated(config, f"{EXAMPLES}/{path.stem}.md", content=page))
