@@ -1,4 +1,4 @@
-"""Benchmark the whole default staged flow (README §M4–§M5): wall time, evaluations, memory.
+"""Benchmark the whole default staged flow (docs/theory/mathematics.md §M4–§M5): wall time, evaluations, memory.
 
 Part 1 — the whole staged run
 -----------------------------
@@ -89,7 +89,7 @@ def child(N: int, L: int, out: str) -> dict:
         t_stats_ms=1e3 * t_stats,
         N=N,
         L=L,
-        versions=gflow.flow.versions(),
+        versions=gflow.dynamics._flow.versions(),
         backend=f"{jax.devices()[0].platform}",
         import_s=t_import,
         rss_after_import_mb=rss_import,

@@ -1,4 +1,4 @@
-"""Benchmark the Monte Carlo loss and its gradient (README §M5).
+"""Benchmark the Monte Carlo loss and its gradient (docs/theory/mathematics.md §M5).
 
 At the paper's default (d=3, trigram, L=100, H=M=3, D=2, N=10,000, float64)
 and around it (N and L swept), for both layouts of the sample ("counts", the
@@ -47,7 +47,7 @@ def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
     import jax.numpy as jnp
 
     import gflow
-    from gflow.loss import resolve_layout
+    from gflow.core._loss import resolve_layout
 
     jax.block_until_ready(jnp.ones(3) + 1)  # initialise the backend
     rss0 = rss_mb("VmRSS")

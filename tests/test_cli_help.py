@@ -42,7 +42,7 @@ def test_every_subcommand_and_argument_is_described():
 
 def test_one_param_syntax():
     """sweep, phase and eval document --param the same way, and the documented forms parse."""
-    from gflow.sweep import parse_param
+    from gflow.runs._sweep import parse_param
 
     helps = {
         name: next(a.help for a in sp._actions if a.dest == "param")

@@ -1,4 +1,4 @@
-"""The data model (README §M1): configuration checks, the exact stationary law of
+"""The data model (docs/theory/mathematics.md §M1): configuration checks, the exact stationary law of
 the window chain, the W-window law, and the sampler.
 
 Truth comes from the window chain built with loops (tests/helpers.py), closed
@@ -103,7 +103,7 @@ def _chain_fn(d, parents):
 
     def one(pi):
         laws = [gflow.window_law(pi, cfg, W) for W in Ws]
-        return gflow.data.window_transition(pi, cfg), gflow.stationary_window(pi, cfg), laws
+        return gflow.core._data.window_transition(pi, cfg), gflow.stationary_window(pi, cfg), laws
 
     f = jax.jit(jax.vmap(one))
 

@@ -1,4 +1,4 @@
-"""The option matrix (issue #16, README §"Laws per model"): a small staged run for every
+"""The option matrix (issue #16, docs/theory/mathematics.md §"Laws per model"): a small staged run for every
 accepted value of model.norm, model.head_norm, model.windows, estimator.loss,
 estimator.target and data.start, and for D ∈ {1, 2, 3}, one option changed from the
 test-size default at a time. Each run must finish, the gflow verdict must pass, and every
@@ -10,8 +10,8 @@ Slow: nine staged runs of the test size (d = 3, L = 40, N = 2000).
 import pytest
 
 import gflow
-from gflow._theory_result import LAW_COVERAGE, covers
 from gflow.config import from_dict
+from gflow.theory._result import LAW_COVERAGE, covers
 
 BASE = {"data": {"d": 3, "L": 40}, "estimator": {"N": 2000}, "schedule": {"durations": [1e3, 1e10, 1e4]}}
 
@@ -41,9 +41,9 @@ def _config(change: dict):
 def test_matrix_covers_every_accepted_value():
     """The matrix has every accepted value of each option (read from the modules' own
     validation tuples, so a new value fails this test until it joins the matrix)."""
-    from gflow.data import _STARTS
-    from gflow.loss import _LOSSES, _TARGETS
-    from gflow.model import _NORMS, _WINDOWS
+    from gflow.core._data import _STARTS
+    from gflow.core._loss import _LOSSES, _TARGETS
+    from gflow.core._model import _NORMS, _WINDOWS
 
     default = _config({})
     options = {
@@ -101,7 +101,7 @@ def test_option_matrix(name):
 
 
 def _d1_rows_fail_a_shift(traj, report):
-    """D = 1 (README "Laws per model": Stage III settles at the zero of its frozen force, not
+    """D = 1 (docs/theory/laws.md: Stage III settles at the zero of its frozen force, not
     at the GIH's a*): both Stage III end rows are decided and pass, and Stage III's a shifted
     by 1 fails both (the a* row is not made vacuous by the selector-residual term ρ_a)."""
     import copy

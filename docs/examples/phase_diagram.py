@@ -17,12 +17,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import gflow
-from gflow.phase import run_phase
 
 TINY = os.environ.get("GFLOW_EXAMPLE_SIZE") == "tiny"
 base = gflow.Config().replace(estimator={"N": 200 if TINY else 2000})
 params = ["init.w_plus=lin:1:3:3", "data.L=20"] if TINY else ["init.w_plus=log:0.5:8:8", "data.L=20,40,80"]
-res = run_phase(base, params, "phase", n_pi=200 if TINY else 1000, plot=False)
+res = gflow.run_phase(base, params, "phase", n_pi=200 if TINY else 1000, plot=False)
 print(res.table())
 
 # %% [markdown]
