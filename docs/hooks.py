@@ -235,8 +235,9 @@ def render_example(path: Path, *, execute: bool) -> tuple[str, dict[str, bytes]]
         note = f"*Rendered by running the script at `GFLOW_EXAMPLE_SIZE={size}` when the site was built.*"
     else:
         note = "*Rendered without running the script (`GFLOW_DOCS_EXECUTE=0`).*"
-    head = f"[Download the script]({path.name}): `python3 {path.name}` runs it (full size; `GFLOW_EXAMPLE_SIZE=tiny` for seconds).\n\n{note}\n\n"
-    return head + "\n".join(md), images
+    head = f"[Download the script]({path.name}): `python3 {path.name}` runs it (full size; `GFLOW_EXAMPLE_SIZE=tiny` for seconds). {note}\n"
+    first = md.index("") + 1 if "" in md else 0  # after the first markdown cell (the title and introduction)
+    return "\n".join([*md[:first], head, *md[first:]]), images
 
 
 @contextlib.contextmanager
@@ -278,8 +279,57 @@ _MARKERS: dict[str, typing.Callable[[], str]] = {
 }
 
 
+_PROTECTED = re.compile(
+    r"(`+[^`]*`+"  # code spans
+    r"|\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)"  # math
+    r"|\]\([^)]*\)|<[^>]+>|\{[^}]*#[^}]*\}"  # link targets, HTML tags, attribute lists
+    r"|(?<![\w*\\])\*[^\s*][^*\n]*?(?<=[^\s*\\])\*(?![\w*]))"  # *italic* (opened after a space)
+)
+
+
+def escape_emphasis(markdown: str) -> str:
+    """Escape the ``_`` and the ``*`` after a symbol (``a*``, ``S*``) of plain text, which the
+    pages use as mathematical notation (``x_{l−i}``, ``C*/2``, a star after a one-letter symbol), never as emphasis: Python-Markdown
+    would otherwise italicise the text between two of them. Code, math, link targets, HTML,
+    mkdocstrings lines (``:::``) and ``**bold**`` are left alone."""
+    out: list[str] = []
+    para: list[str] = []  # a paragraph is escaped whole: a code span may run over two lines
+    fence, math = None, False
+
+    def flush():
+        if para:
+            parts = _PROTECTED.split("\n".join(para))
+            for i in range(0, len(parts), 2):  # the text between the protected pieces
+                t = re.sub(r"(?<!\\)_", r"\\_", parts[i])
+                # a star after a one-letter symbol or a bracket (a*, S*, C*/2, F(a)*): notation
+                parts[i] = re.sub(r"(?:(?<=(?<![\w\\])[A-Za-z])|(?<=[)\]}′']))\*(?!\*)", r"\\*", t)
+            out.append("".join(parts))
+            para.clear()
+
+    for line in markdown.split("\n"):
+        s = line.lstrip()
+        if fence:
+            fence = None if s.startswith(fence) else fence
+            out.append(line)
+        elif s.startswith(("```", "~~~")):
+            flush()
+            fence = s[:3]
+            out.append(line)
+        elif s.strip() == "$$":
+            flush()
+            math = not math
+            out.append(line)
+        elif math or s.startswith(":::") or not s.strip():
+            flush()
+            out.append(line)
+        else:
+            para.append(line)
+    flush()
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown, page, config, files):
     for marker, make in _MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
-    return markdown
+    return escape_emphasis(markdown)

@@ -177,3 +177,15 @@ def test_mathematics_keeps_the_anchors_the_code_cites():
     page = (DOCS / "theory" / "mathematics.md").read_text()
     anchors = set(re.findall(r"\{ #(M\d(?:\.\d)?) \}", page))
     assert cited and cited <= anchors, sorted(cited - anchors)
+
+
+def test_notation_is_not_emphasis():
+    """``x_{l−i}`` and ``a*`` are notation on the pages, not emphasis; code, math, links,
+    ``**bold**``, ``*italic*`` and mkdocstrings lines stay as written."""
+    hooks = _hooks()
+    src = "s^(h)_i e(x_{l−i}), C*/2, a* and S*; *extension*, **Bold** `a_b` $x_1$ [l](a_b.md)\n::: gflow.run_phase"
+    assert hooks.escape_emphasis(src) == (
+        "s^(h)\\_i e(x\\_{l−i}), C\\*/2, a\\* and S\\*; *extension*, **Bold** `a_b` $x_1$ [l](a_b.md)\n::: gflow.run_phase"
+    )
+    fenced = "```python\nx_1 = a*b\n```"
+    assert hooks.escape_emphasis(fenced) == fenced
