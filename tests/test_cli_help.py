@@ -89,21 +89,23 @@ def test_run_announces_the_compilation(tmp_path, capsys, monkeypatch, quiet):
         assert "compiling (first run" in out and out.index("compiling") < out.index("INTEGRATING")
 
 
-_TINY = dict(data={"L": 12}, estimator={"N": 64}, schedule={"kind": "joint", "t1": 1.0})
+# the tiny size of docs/examples/stochastic_vs_flow.py: the compiled programs are shared
+_TINY = dict(data={"L": 20}, estimator={"N": 200}, schedule={"kind": "joint", "t1": 5.0})
 
 
 def test_sgd_progress(capsys):
     cfg = gflow.Config().replace(**_TINY)
-    gflow.sgd(cfg, gflow.SGDConfig(eta=0.1, batch=8, steps=10, seeds=1), progress=True)
+    gflow.sgd(cfg, gflow.SGDConfig(eta=0.05, batch=20, steps=100, seeds=4), progress=True)
     err = capsys.readouterr().err
-    assert "gflow.sgd" in err and "10/10" in err
-    gflow.sgd(cfg, gflow.SGDConfig(eta=0.1, batch=8, steps=10, seeds=1))
+    assert "gflow.sgd" in err and "100/100" in err
+    gflow.sgd(cfg, gflow.SGDConfig(eta=0.05, batch=20, steps=100, seeds=4))
     assert "gflow.sgd" not in capsys.readouterr().err  # off by default
 
 
 def test_sde_progress(capsys):
+    import inspect
+
     cfg = gflow.Config().replace(**_TINY)
-    gflow.sde(cfg, gflow.SDEConfig(eta=0.1, batch=8, t1=1.0, seeds=1), progress=True)
+    gflow.sde(cfg, gflow.SDEConfig(eta=0.05, batch=20, t1=5.0, seeds=4), progress=True)
     assert "100.00%" in capsys.readouterr().err
-    gflow.sde(cfg, gflow.SDEConfig(eta=0.1, batch=8, t1=1.0, seeds=1))
-    assert "100.00%" not in capsys.readouterr().err
+    assert inspect.signature(gflow.sde).parameters["progress"].default is False  # off by default

@@ -32,8 +32,8 @@ cfg = gflow.Config().replace(
 flow = gflow.integrate(cfg)
 gd = gflow.integrate(cfg.replace(solver={"method": "gd", "eta": eta}))
 steps = int(round(t1 / eta))
-sgd = gflow.sgd(cfg, gflow.SGDConfig(eta=eta, batch=B, steps=steps, seeds=R), progress=not TINY)
-sde = gflow.sde(cfg, gflow.SDEConfig(eta=eta, batch=B, t1=t1, seeds=R), progress=not TINY)
+sgd = gflow.sgd(cfg, gflow.SGDConfig(eta=eta, batch=B, steps=steps, seeds=R), progress=True)
+sde = gflow.sde(cfg, gflow.SDEConfig(eta=eta, batch=B, t1=t1, seeds=R), progress=True)  # bars on stderr
 
 print(f"a at t = {t1:g}:  flow {flow.a[-1]:.4f}   GD (η = {eta}) {gd.a[-1]:.4f}   "
       f"SGD {sgd.a[:, -1].mean():.4f} ± {sgd.a[:, -1].std(ddof=1):.4f}   "
