@@ -216,7 +216,8 @@ def render_example(path: Path, *, execute: bool) -> tuple[str, dict[str, bytes]]
                 if not execute:
                     continue
                 buf = io.StringIO()
-                with contextlib.redirect_stdout(buf):
+                # stderr (progress bars) is dropped: the page shows what the cell printed
+                with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
                     exec(compile(text + "\n", str(path), "exec"), ns)
                 printed = buf.getvalue().rstrip()
                 if printed:
