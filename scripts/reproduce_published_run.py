@@ -7,7 +7,7 @@ training run (``tests/data/paper_run_CWa.csv``): C, W and a trained jointly by
 full-batch gradient descent at learning rate 1 on 9,000 sequences (d = 3,
 parents (1, 2), α = 0.1, L = 100, uniform start), float32, cross-entropy
 applied to the probability vector. This script runs gflow in the
-reference-compatible setting (README "The official code's model"):
+reference-compatible setting (docs/guides/official-model.md):
 
 - ``schedule.kind = "joint"``, time scales 1, ``estimator.loss = "ce_on_probs"``,
   ``data.start = "uniform"``, ``estimator.N = 9000``;

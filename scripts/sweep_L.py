@@ -3,7 +3,7 @@
 What it shows
 -------------
 In Stage III the classifier scale follows ∂ₜa = F(a), F(a) = −dL_GIH/da the
-one-dimensional law of the generalized induction head (GIH) on S* (README §M6.4).
+one-dimensional law of the generalized induction head (GIH) on S* (docs/theory/mathematics.md §M6.4).
 The paper's rate is F(a) ≍ e^{−a}, hence a(t) = log t + O(1); at finite L,
 F changes sign at a finite a* (shrinkage towards the context's unigram beats
 the raw conditional counts) and the log-t law only holds on the validity

@@ -17,7 +17,7 @@ def test_empty_file_is_the_paper_default(tmp_path):
     assert load_config(p) == Config()
     assert load_config(None) == Config()
     c = Config()
-    # the paper's defaults (README §M1, §M2, §M4)
+    # the paper's defaults (docs/theory/mathematics.md §M1, §M2, §M4)
     assert (c.data.d, c.data.parents, c.data.alpha, c.data.L) == (3, (1, 2), 0.1, 100)
     assert (c.model.M, c.model.H, c.model.D, c.model.norm) == (3, 3, 2, "sum")
     assert (c.init.w_plus, c.init.w_minus, c.init.c0, c.init.a0) == (3.0, 0.1, 0.01, 0.01)

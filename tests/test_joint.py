@@ -1,5 +1,5 @@
-"""The joint flow in log-selector coordinates (gflow/_solve.py, ``_LogC``; README
-"The joint flow's performance"): the same flow as in C, with far fewer evaluations,
+"""The joint flow in log-selector coordinates (gflow.dynamics, ``_LogC``;
+CHANGELOG.md, "The joint flow: the selector in log coordinates"): the same flow as in C, with far fewer evaluations,
 and gradient descent converging to it at first order."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Monte Carlo population loss, its gradient and standard errors (README §M3, §M5).
+"""The Monte Carlo population loss, its gradient and standard errors (docs/theory/mathematics.md §M3, §M5).
 
 Truth: the exact population loss of small fixed-kernel problems, computed by
 enumerating every sequence with its exact probability and running the

@@ -1,4 +1,4 @@
-"""Tests of gflow.figures._plot (README §M7): every figure from a small hand-built run whose
+"""Tests of gflow.figures._plot (docs/theory/mathematics.md §M7): every figure from a small hand-built run whose
 arrays are known, checked against those arrays (one line per subset with its
 label, heatmaps holding s(t), the a-vs-log τ fit equal to an independent least
 squares, the rate equal to −η_a ∂L̂/∂a·e^a), the files written by ``plot_run``

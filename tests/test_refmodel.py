@@ -1,4 +1,4 @@
-"""The official code's model (README §M8.5) and the published run.
+"""The official code's model (docs/theory/mathematics.md §M8.5) and the published run.
 
 Options: ``model.head_norm`` (v^(h) ← v^(h)/(‖v^(h)‖ + 1e-7)),
 ``model.windows = "shifted"`` (head h reads offsets h..h+M−1) and
@@ -368,7 +368,7 @@ def test_published_run_a_agrees_flow_every_epoch_from_100():
     against float64 by < 1e-7: 0.5% is left for the discretisation and the
     late drift of the published run (its ‖C‖ falls from 0.368 to 0.348 between
     10⁴ and 5·10⁴, which no gradient step on a loss that ignores ‖C‖ can do).
-    Measured: 1.06%, 0.44%, 0.36%, 1.31%. The flow conserves ‖C‖ (README §M8.6),
+    Measured: 1.06%, 0.44%, 0.36%, 1.31%. The flow conserves ‖C‖ (docs/theory/mathematics.md §M8.6),
     while the published (discrete) run's grows from 0.026 to 0.37."""
     r = _script()
     pub = r.read_published()

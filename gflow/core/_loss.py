@@ -1,4 +1,4 @@
-"""The Monte Carlo population ICL loss and its gradient (README §M3, §M5).
+"""The Monte Carlo population ICL loss and its gradient (docs/theory/mathematics.md §M3, §M5).
 
 ``L̂_N(θ) = (1/N) Σ_n ℓ_RB(θ; X_n, π_n)`` on a sample drawn once from a fixed
 key (common random numbers), so ``L̂_N`` is a deterministic smooth function of
@@ -54,7 +54,7 @@ class EstimatorConfig(eqx.Module):
       the device count.
     - `target`: ``"expected"`` (default: Rao–Blackwellised, the expectation
       over ``π(·|z_q)``) or ``"drawn"`` (extension, the official code,
-      README §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
+      docs/theory/mathematics.md §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
       replaced by the one-hot ``e(y)`` in the loss; same ``y`` as the
       sample's, so both targets share the common random numbers).
     """
@@ -111,7 +111,7 @@ def unseen_mass(X, cond: Float[Array, " d"]) -> Float[Array, ""]:
 
 
 class LossStats(eqx.Module):
-    """Loss and gradient at one θ with Monte Carlo standard errors (README §M5).
+    """Loss and gradient at one θ with Monte Carlo standard errors (docs/theory/mathematics.md §M5).
 
     The standard errors are ``std_n / sqrt(N)`` of the per-sequence values,
     which are i.i.d. across sequences.
@@ -177,7 +177,7 @@ def seqmap(fn, args: tuple, chunk: int = 0):
 
 
 class PopulationLoss(eqx.Module):
-    """The estimator ``L̂_N(θ)`` on a fixed sample (README §M3, §M5).
+    """The estimator ``L̂_N(θ)`` on a fixed sample (docs/theory/mathematics.md §M3, §M5).
 
     Build with :func:`make_loss`. Calling it returns the mean loss; see
     :meth:`value_and_grad`, :meth:`stats`, :meth:`per_sequence`.
@@ -285,7 +285,7 @@ class PopulationLoss(eqx.Module):
         ``n`` in batch ``n mod B``) and each batch's share ``n_b/N``.
 
         This is how the standard errors of the gradient are estimated (batch
-        means, README §M5). For the counts layout it costs about one gradient:
+        means, docs/theory/mathematics.md §M5). For the counts layout it costs about one gradient:
         per-sequence gradients with respect to (a, the sequence's row of κ)
         are summed per batch and query window, then mapped to (w, C) by the
         Jacobian of the κ table.

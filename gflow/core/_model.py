@@ -1,4 +1,4 @@
-"""The two-attention-layer transformer TF(M, H, d, D) of README §M2.
+"""The two-attention-layer transformer TF(M, H, d, D) of docs/theory/mathematics.md §M2.
 
 Everything is computed from θ-independent *match tensors* of a sequence,
 never from the tensor-product features φ:
@@ -34,7 +34,7 @@ HEAD_NORM_EPS = 1e-7
 
 def subsets(H: int, D: int) -> tuple[tuple[int, ...], ...]:
     """The selector's index set ``𝒮 = {S ⊆ {1..H} : |S| <= D}``, empty set
-    included, ordered by size and then lexicographically (README §M2).
+    included, ordered by size and then lexicographically (docs/theory/mathematics.md §M2).
 
     Heads are 1-based, so a set of heads reads as a set of offsets.
     """
@@ -57,7 +57,7 @@ class ModelConfig(eqx.Module):
     - `D`: maximal size of a selected set of heads, ``0 <= D <= H``.
     - `norm`: ``"sum"`` (default, the reference simulations: ``Z = Σ_S c_S``)
       or ``"layer"`` (exact layer normalisation, ``Z = ‖φ_q‖‖φ_l‖``).
-    - `head_norm`: extension, the official code's model (README §M8.5):
+    - `head_norm`: extension, the official code's model (docs/theory/mathematics.md §M8.5):
       every head's output is normalised before the selector,
       ``v^(h) ← v^(h)/(‖v^(h)‖ + 1e-7)`` (an all-padding window, ``v = 0``,
       stays 0). Default ``False`` (the paper's model).
@@ -120,10 +120,16 @@ class ModelConfig(eqx.Module):
 
 
 class InitConfig(eqx.Module):
-    """The paper's initialisation (README §M4): ``w^(h)_i = w_plus`` if ``i = h``
+    """The paper's initialisation (docs/theory/mathematics.md §M4): ``w^(h)_i = w_plus`` if ``i = h``
     else ``w_minus``; ``C_S = c0`` for every S; ``a = a0``. With
     ``model.windows = "shifted"``, ``w_plus`` sits on the first entry of head
-    h's window (offset h), as in the official code."""
+    h's window (offset h), as in the official code.
+
+    - `w_plus`: the RPE weight of head h on its own offset h (default 3).
+    - `w_minus`: the RPE weight on every other offset (default 0.1).
+    - `c0`: every selector weight ``C_S`` (non-zero; default 0.01, so ``c_S = 10⁻⁴``).
+    - `a0`: the classifier scale ``a`` (default 0.01).
+    """
 
     w_plus: float = 3.0
     w_minus: float = 0.1
@@ -410,7 +416,7 @@ def window_products(w: Float[Array, "H M"], model: ModelConfig, d: int) -> Float
 
 
 def kappa_from_window_products(C: Float[Array, " nS"], P: Float[Array, "K K nS"], model: ModelConfig):
-    """κ on window pairs from :func:`window_products` (README §M2's normalisations)."""
+    """κ on window pairs from :func:`window_products` (docs/theory/mathematics.md §M2's normalisations)."""
     c = C**2
     num = P @ c
     if model.norm == "sum":
@@ -492,7 +498,7 @@ def products(w, G, Gs, model: ModelConfig):
 
 
 def kappa_from_products(C, P, Ps, model: ModelConfig) -> Float[Array, " L"]:
-    """The selector's normalised kernel κ_l (README §M2)."""
+    """The selector's normalised kernel κ_l (docs/theory/mathematics.md §M2)."""
     c = C**2
     num = P @ c
     if model.norm == "sum":
@@ -533,6 +539,6 @@ def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "d K"])
 
 def predict(params: Params, X: Int[Array, " L"], model: ModelConfig, d: int) -> Float[Array, " d"]:
     """ŷ for one raw sequence ``X = (x_1..x_L)`` from its match tensors (the
-    reference implementation of README §M2; the loss uses precomputed features)."""
+    reference implementation of docs/theory/mathematics.md §M2; the loss uses precomputed features)."""
     G, Gs = match_tensors(X, model.span, self_match=model.self_match, dtype=params.w.dtype)
     return predict_from_kappa(params.a, kappa(params, G, Gs, model), X, d)
