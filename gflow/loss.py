@@ -143,6 +143,9 @@ _AUTO_MAX_WINDOWS = 512
 # layout="auto" picks "sparse": 2**20 entries (8 MB in float64; its Jacobian,
 # for the per-sequence gradients, is dim(w) + |𝒮| times that).
 _AUTO_MAX_SPARSE = 2**20
+# Largest (batches × sparse table entries) for which the batch gradients of the
+# sparse layout are summed on the table (as for counts); above, per sequence.
+_MAX_BATCH_TABLE = 2**23
 
 
 def sparse_table_size(d: int, span: int) -> int:
@@ -248,6 +251,23 @@ class PopulationLoss(eqx.Module):
     def _sparse_table(self, w, C):
         return _model.sparse_kappa_table(w, C, self.model, self.d, self.feats.X.shape[-1])
 
+    def _sparse_jacobian(self, params: Params):
+        """The sparse κ table ``(nQ, nK)``, its Jacobian as one row of
+        ``dκ/d(w, C)`` per entry ``(nQ·nK, dim w + |𝒮|)``, and the map
+        ``(row of J-space, ∂/∂a) → Params``."""
+        table = self._sparse_table(params.w, params.C)
+        Jw, JC = jax.jacfwd(self._sparse_table, argnums=(0, 1))(params.w, params.C)
+        QK = table.size
+        nw = params.w.size
+        J = jnp.concatenate([Jw.reshape(QK, nw), JC.reshape(QK, -1)], axis=-1)
+        unflat = lambda g, ga: Params(w=g[..., :nw].reshape(g.shape[:-1] + params.w.shape), C=g[..., nw:], a=ga)  # noqa: E731
+        return table, J, unflat
+
+    def _sparse_size(self) -> int:
+        f = self.feats
+        r0, r1 = _model.sparse_query_block(self.d, self.model.span, f.X.shape[-1])
+        return (r1 - r0) * int(_model.sparse_window_blocks(self.d, self.model.span)[-1])
+
     def _sparse_args(self):
         f = self.feats
         return (f.Gs, f.G, f.counts, f.cond)
@@ -299,14 +319,13 @@ class PopulationLoss(eqx.Module):
         if isinstance(f, SparseCountFeatures):
             # The gradient with respect to a sequence's κ entries, mapped to
             # (w, C) by the Jacobian of the κ table at those entries.
-            table = self._sparse_table(params.w, params.C)
-            Jw, JC = jax.jacfwd(self._sparse_table, argnums=(0, 1))(params.w, params.C)
+            table, J, unflat = self._sparse_jacobian(params)
+            K = table.shape[1]
             g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
 
             def one_s(q, keys, counts, cond):
                 ls, (ga, grow) = g1(params.a, table[q, keys], counts, cond)
-                gw = jnp.einsum("u,uhm->hm", grow, Jw[q, keys])
-                return ls, Params(w=gw, C=grow @ JC[q, keys], a=ga)
+                return ls, unflat(grow @ J[q * K + keys], ga)
 
             return seqmap(one_s, self._sparse_args(), self.chunk)
         if isinstance(f, HeadFeatures):
@@ -351,7 +370,21 @@ class PopulationLoss(eqx.Module):
         n_b = np.bincount(bid, minlength=B).astype(np.float64)
         share = jnp.asarray(n_b / N, self.eps.dtype)
         f = self.feats
-        if isinstance(f, SparseCountFeatures):
+        if isinstance(f, SparseCountFeatures) and B * self._sparse_size() <= _MAX_BATCH_TABLE:
+            # As for counts: the per-sequence gradients with respect to (a, the
+            # sequence's κ entries) summed per batch on the table, then mapped
+            # to (w, C) by the table's Jacobian.
+            table, J, unflat = self._sparse_jacobian(params)
+            Q, K = table.shape
+            g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
+            fn = lambda q, keys, counts, cond: g1(params.a, table[q, keys], counts, cond)  # noqa: E731
+            ls, (ga, grow) = seqmap(fn, self._sparse_args(), self.chunk)
+            nb = jnp.asarray(n_b, ls.dtype)
+            seg = (jnp.asarray(bid)[:, None] * Q + f.Gs[:, None]) * K + f.G
+            T = jax.ops.segment_sum(grow.reshape(-1), seg.reshape(-1), num_segments=B * Q * K)
+            g = (T.reshape(B, Q * K) @ J) / nb[:, None]
+            return share, unflat(g, jax.ops.segment_sum(ga, jnp.asarray(bid), num_segments=B) / nb), ls
+        if isinstance(f, SparseCountFeatures):  # a large table: per-sequence gradients, summed per batch
             ls, gs = self.per_sequence_grads(params)
             nb = jnp.asarray(n_b, ls.dtype)
             gb = jax.tree.map(

@@ -560,12 +560,8 @@ def sparse_window_products(w: Float[Array, "H M"], model: ModelConfig, d: int, L
     (``(|𝒮|, nQ, nK)``) and, for ``norm="layer"``, the self products
     ``Ps[S, k] = Π_{h∈S} ‖v^(h)(window k)‖²`` (``(|𝒮|, nK)``, else ``None``);
     ``v^(h)`` as in :func:`window_vectors` (``head_norm`` included)."""
-    span = model.span
-    OH = jnp.asarray(sparse_windows(d, span)[:, :, None] == np.arange(d), w.dtype)  # (nK, span, d)
-    V = jnp.einsum("hj,kje->hke", copier_matrix(w, model), OH)  # (H, nK, d)
-    if model.head_norm:
-        V = V * head_norm_scale(jnp.sum(V * V, -1))[..., None]
-    r0, r1 = sparse_query_block(d, span, L)
+    V = _sparse_vectors(w, model, d)  # (H, nK, d)
+    r0, r1 = sparse_query_block(d, model.span, L)
     inner = jnp.einsum("hqe,hke->hqk", V[:, r0:r1], V)  # (H, nQ, nK)
     P = jnp.moveaxis(subset_products(jnp.moveaxis(inner, 0, -1), model.membership), -1, 0)
     Ps = None
@@ -586,11 +582,46 @@ def kappa_from_sparse_products(C: Float[Array, " nS"], P, Ps, model: ModelConfig
     return num / jnp.sqrt(jnp.maximum(sq[r0 : r0 + num.shape[0], None] * sq[None, :], tiny))
 
 
+def _sparse_vectors(w, model: ModelConfig, d: int):
+    """``v^(h)`` of every sparse window, ``(H, nK, d)`` (as :func:`window_vectors`)."""
+    OH = jnp.asarray(sparse_windows(d, model.span)[:, :, None] == np.arange(d), w.dtype)  # (nK, span, d)
+    V = jnp.einsum("hj,kje->hke", copier_matrix(w, model), OH)
+    if model.head_norm:
+        V = V * head_norm_scale(jnp.sum(V * V, -1))[..., None]
+    return V
+
+
 def sparse_kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int, L: int):
     """κ for every (query window, sparse window) pair, ``(nQ, nK)``: rows the
-    ``d**(span − p_q)`` query windows, columns the :func:`sparse_windows`."""
-    P, Ps = sparse_window_products(w, model, d, L)
-    return kappa_from_sparse_products(C, P, Ps, model, sparse_query_block(d, model.span, L)[0])
+    ``d**(span − p_q)`` query windows, columns the :func:`sparse_windows`.
+
+    The same numbers as :func:`kappa_from_sparse_products` of
+    :func:`sparse_window_products` (to rounding), written elementwise on the
+    ``(nQ, nK)`` grid so that XLA fuses it (with its Jacobian, for the
+    per-sequence gradients) into a few passes."""
+    V = _sparse_vectors(w, model, d)
+    r0, r1 = sparse_query_block(d, model.span, L)
+    Vq = V[:, r0:r1]
+    inner = [sum(Vq[h, :, None, e] * V[h, None, :, e] for e in range(d)) for h in range(model.H)]
+    c = C**2
+    num = 0.0
+    for r, S in enumerate(model.subsets):
+        t = c[r]
+        for h in S:
+            t = t * inner[h - 1]
+        num = num + t
+    if model.norm == "sum":
+        return jnp.broadcast_to(num / c.sum(), (r1 - r0, V.shape[1]))
+    n2 = jnp.sum(V * V, -1)  # (H, nK)
+    sq = 0.0
+    for r, S in enumerate(model.subsets):
+        t = c[r]
+        for h in S:
+            t = t * n2[h - 1]
+        sq = sq + t
+    sq = jnp.broadcast_to(sq, (V.shape[1],))
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq[r0:r1, None] * sq[None, :], tiny))
 
 
 # ---------------------------------------------------------------------------
