@@ -133,7 +133,7 @@ def _phase_parsers(sub) -> None:
 
 
 def _cmd_phase_merge(args) -> int:
-    from .phase import merge_shards
+    from .runs import merge_shards
 
     res = merge_shards(args.dirs, args.out, plot=not args.no_plot)
     print(f"gflow phase-merge: {len(res.rows)} points -> {res.csv}")
@@ -142,7 +142,7 @@ def _cmd_phase_merge(args) -> int:
 
 def _cmd_phase(args) -> int:
     from .config import load_config
-    from .phase import run_phase
+    from .runs import run_phase
 
     cfg = load_config(args.config)
     res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
@@ -179,7 +179,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     import jax
     from equinox import _errors
 
-    from . import _export_cache
+    from ._util import disable_export_cache, enable_export_cache
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
     before = {k: getattr(jax.config, k) for k in keys}
@@ -188,7 +188,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     def restore() -> None:
         for k, v in before.items():
             jax.config.update(k, v)
-        _export_cache.disable()
+        disable_export_cache()
         if eqx_before is not None:
             _errors.EQX_ON_ERROR = eqx_before
 
@@ -200,7 +200,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     # programs of 20–200 ms each (the theory, the checks, the loss at saved states), which
     # together cost ~10 s of a warm start. Cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    _export_cache.enable(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
+    enable_export_cache(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
     if "EQX_ON_ERROR" not in os.environ and eqx_before == "raise":
         _errors.EQX_ON_ERROR = "nan"
     return restore
@@ -231,7 +231,7 @@ def _dispatch(args) -> int:
 
 def _cmd_run(args) -> int:
     from .config import load_config, refuse_sgd, warnings_for
-    from .trajectory import check_output, lock
+    from .runs import check_output, lock
 
     cfg = load_config(args.config)
     if args.progress:
@@ -252,7 +252,8 @@ def _cmd_run(args) -> int:
 
 
 def _run(args, cfg, out: Path) -> int:
-    from .flow import FlowError, integrate
+    from .dynamics import FlowError
+    from .runs import integrate
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
@@ -296,7 +297,7 @@ def _cmd_check(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from .config import load_config
-    from .sweep import run_sweep
+    from .runs import run_sweep
 
     cfg = load_config(args.config)
     if args.progress:
@@ -336,7 +337,7 @@ def _eval_parser(sub) -> None:
 
 
 def _cmd_eval(args) -> int:
-    from ._evaluate import evaluate
+    from .runs import evaluate
 
     res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
                    verbose=not args.quiet)  # fmt: skip
@@ -348,7 +349,7 @@ def _cmd_eval(args) -> int:
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
-    from .replicates import run_replicates
+    from .runs import run_replicates
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
@@ -366,8 +367,8 @@ def _run_replicates(args, cfg, out: Path) -> int:
 
 def _check(out: Path, *, quiet: bool) -> bool:
     """Check a saved run (writes its report into it, under its lock); the gflow verdict."""
-    from .checks import check_run
-    from .trajectory import load, lock
+    from .runs import check_run, lock
+    from .trajectory import load
 
     if not out.is_dir():
         load(out)  # not a folder: one clear error, nothing created
@@ -385,11 +386,9 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
     :func:`_plot`; an error in either is raised after both have finished."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .checks import check_run
-    from .loss import make_loss
-    from .plot import plot_run
-    from .theory import load_or_compute
-    from .trajectory import check_output, load, lock
+    from .core import make_loss
+    from .runs import check_output, check_run, load_or_compute, lock, plot_run
+    from .trajectory import load
 
     traj = load(out)
     check_output(figdir)
@@ -421,8 +420,8 @@ def _print_verdict(rep, quiet: bool) -> bool:
 
 
 def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
-    from .plot import plot_run
-    from .trajectory import check_output, load, lock
+    from .runs import check_output, lock, plot_run
+    from .trajectory import load
 
     load(out)  # a missing, corrupt or foreign folder: one clear error
     check_output(figdir)  # a file, under a file, read-only: before drawing anything

@@ -31,9 +31,7 @@ from typing import Any, Literal, NamedTuple
 import equinox as eqx
 import numpy as np
 
-from .data import DataConfig
-from .loss import EstimatorConfig
-from .model import InitConfig, ModelConfig
+from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd", "sgd")

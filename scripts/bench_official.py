@@ -74,7 +74,7 @@ def part_eval(N: int, rounds: int, skip: set[str]) -> None:
     import jax
 
     import gflow
-    from gflow.loss import resolve_layout
+    from gflow.core import resolve_layout
 
     vg = eqx.filter_jit(lambda f, p: f.value_and_grad(p))
     cases, losses = {}, {}

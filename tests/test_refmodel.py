@@ -23,8 +23,8 @@ import pytest
 from helpers import random_params
 
 import gflow
-from gflow import model as gmodel
-from gflow.loss import PopulationLoss, StageLoss, resolve_layout, sparse_table_size
+from gflow.core import _model as gmodel
+from gflow.core._loss import PopulationLoss, StageLoss, resolve_layout, sparse_table_size
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("counts", "positions", "heads", "sparse")
@@ -82,7 +82,7 @@ def _enumerated_sample(d, L, key):
     k1, k2 = jax.random.split(key)
     cond = jax.random.dirichlet(k1, jnp.ones(d), (n,))
     y = jax.random.randint(k2, (n,), 0, d).astype(jnp.int32)
-    return gflow.data.Sample(
+    return gflow.core._data.Sample(
         X=jnp.asarray(X), y=y, zq=jnp.zeros(n, jnp.int32), cond=cond, pi=jnp.zeros((n, 1, d))
     )
 
@@ -169,7 +169,7 @@ def test_drawn_target_is_the_sampled_y(getkey, kind):
     key = getkey()
     est = gflow.EstimatorConfig(N=40, target="drawn", loss=kind, layout="heads")
     loss = gflow.make_loss(data, m, est, key=key)
-    smp = gflow.data.sample(data, 40, key=key)
+    smp = gflow.core._data.sample(data, 40, key=key)
     p = random_params(getkey(), m, a=3.0)
     yh = np.array([direct_forward(p.w, p.C, p.a, x, 3, 2, "sum", True, "shifted") for x in np.asarray(smp.X)])
     y = np.asarray(smp.y)
@@ -321,7 +321,7 @@ def test_sparse_features_are_each_sequences_distinct_windows(getkey):
     d, L = 3, 30
     data = gflow.DataConfig(d=d, L=L, alpha=0.1)
     m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=True, windows="shifted")
-    smp = gflow.data.sample(data, 30, key=getkey())
+    smp = gflow.core._data.sample(data, 30, key=getkey())
     f = gmodel.features(smp, m, layout="sparse")
     wins = gmodel.sparse_windows(d, m.span)
     X = np.asarray(smp.X)
@@ -362,7 +362,7 @@ def test_auto_layout_picks_sparse_for_the_official_span():
 def test_replicates_with_different_slot_counts_stack(getkey):
     """Two seeds' sparse features hold different numbers of slots; the batched runs pad
     them to one shape and each replicate's loss is unchanged."""
-    from gflow.vmapped import _stack, _take
+    from gflow.dynamics._vmapped import _stack, _take
 
     data = gflow.DataConfig(d=3, L=30, alpha=0.1)
     m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=True, windows="shifted")

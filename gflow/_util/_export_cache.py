@@ -1,0 +1,165 @@
+"""A cache of traced programs on disk, for the command line's warm start (README
+"Performance").
+
+JAX's persistent compilation cache skips XLA compilation in a second process, but
+not *tracing* and lowering: a warm ``gflow run`` still traced its three stage solves
+(a ``diffeqsolve`` with events and the steady test each), about 5 s of a 20 s run.
+:func:`call` instead keeps each traced solve as a serialized ``jax.export`` program
+(StableHLO) in ``GFLOW_CACHE/export``: a second process deserializes it and calls it,
+and the compilation cache then supplies its executable.
+
+Only the command line turns it on (:func:`enable`, from ``gflow.cli``); importing gflow
+changes nothing. A program is looked up by a hash of everything that determines it:
+the structure and static fields of the arguments (``str`` of their tree definition),
+the shapes and dtypes of their arrays, the static keywords, JAX's x64 flag, equinox's
+error mode, the versions of gflow, jax, jaxlib, diffrax, equinox, optimistix and numpy, and the
+source of every gflow module. Anything that cannot be exported (a host callback: the
+progress meter, the host evaluation counter; several devices) is called the ordinary
+way; a failure to read or write the cache only costs the trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import diffrax
+import equinox as eqx
+import jax
+
+from ._io import versions
+
+_DIR: Path | None = None
+_NOT_EXPORTABLE: set[str] = set()
+_LOADED: dict[str, object] = {}
+_FINGERPRINT: str | None = None
+
+
+def enable_export_cache(folder: str | os.PathLike) -> None:
+    """Keep traced programs in `folder` (created when first written)."""
+    global _DIR
+    _DIR = Path(folder)
+
+
+def disable_export_cache() -> None:
+    global _DIR
+    _DIR = None
+
+
+def _package_root() -> Path:
+    return Path(__file__).resolve().parents[1]  # gflow/, this file being gflow/_util/_export_cache.py
+
+
+def _fingerprint() -> str:
+    """What every key shares, computed once per process: the installed versions and a
+    hash of gflow's source (every ``.py`` file of the package, its subpackages included,
+    with its path inside the package: a change anywhere misses the cache)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        h = hashlib.sha256(repr(sorted(versions().items())).encode())
+        root = _package_root()
+        for p in sorted(root.rglob("*.py")):
+            h.update(p.relative_to(root).as_posix().encode())
+            h.update(p.read_bytes())
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def _key(name: str, treedef, leaves, static) -> str:
+    from equinox import _errors
+
+    parts = [
+        name,
+        str(treedef),
+        repr([(tuple(x.shape), str(x.dtype)) for x in leaves]),
+        repr(jax.tree.flatten(static)),
+        str(jax.config.jax_enable_x64),
+        str(getattr(_errors, "EQX_ON_ERROR", "?")),
+        _fingerprint(),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _plain(tree):
+    """diffrax's result code (an equinox enumeration item) as its int32 value, so that the
+    program's outputs are built-in containers only (``jax.export`` serializes those)."""
+    return jax.tree.map(lambda x: x._value if isinstance(x, type(diffrax.RESULTS.successful)) else x, tree,
+                        is_leaf=lambda x: isinstance(x, type(diffrax.RESULTS.successful)))  # fmt: skip
+
+
+def _result_item(value):
+    return jax.tree.unflatten(jax.tree.structure(diffrax.RESULTS.successful), [value])
+
+
+def cached_call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
+    """``fn(*args, **kwargs)`` for an ``eqx.filter_jit`` function `fn` (arrays traced,
+    everything else static, as ``eqx.filter_jit`` does), through the export cache when it
+    is on (module docstring). `result_at`: the index of a diffrax result code in the
+    returned tuple (restored after the call)."""
+    if _DIR is None or jax.device_count() != 1:
+        return fn(*args, **kwargs)
+    dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+    leaves, treedef = jax.tree.flatten(dyn)
+    key = _key(getattr(fn, "__name__", repr(fn)), treedef, leaves, static)
+    if key in _NOT_EXPORTABLE:
+        return fn(*args, **kwargs)
+    exp = _LOADED.get(key)
+    if exp is None:
+        exp = _load_or_export(key, fn, treedef, static, leaves)
+        if exp is None:
+            _NOT_EXPORTABLE.add(key)
+            return fn(*args, **kwargs)
+        _LOADED[key] = exp
+    # committed to the one device: a freshly made array is uncommitted and an output of a
+    # previous call committed, and the call's compiled program is keyed by that too (without
+    # this, every stage compiled its program twice)
+    dev = jax.devices()[0]
+    out = exp.call(*[jax.device_put(x, dev) for x in leaves])
+    if result_at is not None:
+        out = tuple(_result_item(x) if i == result_at else x for i, x in enumerate(out))
+    return out
+
+
+def _load_or_export(key: str, fn, treedef, static, leaves):
+    path = _DIR / f"{key}.jaxexport"
+    try:
+        return jax.export.deserialize(bytearray(path.read_bytes()))
+    except (OSError, ValueError):
+        pass
+    raw = getattr(fn, "__wrapped__", fn)
+
+    def flat(*xs):
+        a, k = eqx.combine(jax.tree.unflatten(treedef, list(xs)), static)
+        return _plain(raw(*a, **k))
+
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+    jf = jax.jit(flat)  # one object: a retry below reuses its trace
+    allowed: list[str] = []
+    for _ in range(8):
+        try:
+            checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in allowed]
+            exp = jax.export.export(jf, disabled_checks=checks)(*specs)
+            blob = exp.serialize()
+            break
+        except ValueError as e:
+            # LAPACK kernels (the event's Newton root find solves a small linear system) are
+            # not on jax.export's list of stable targets; they are stable within one jaxlib,
+            # which is part of the key. Anything else (a host callback): the ordinary call.
+            new = {t for t in re.findall(r"custom_call @(\w+)", str(e)) if t.startswith("lapack_")}
+            if "no compatibility guarantees" not in str(e) or not new - set(allowed):
+                return None
+            allowed += sorted(new - set(allowed))
+        except Exception:  # an unserializable output, serialization unavailable: the ordinary call
+            return None
+    else:
+        return None
+    try:
+        _DIR.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return exp
