@@ -53,21 +53,92 @@ EXIT_INPUT = 2
 EXIT_FAILED = 3
 EXIT_INTERRUPTED = 130
 
+# printed before the silent compilation of a run (a cold run compiles for ~20 s on 2 cores;
+# a warm one, with the cache of GFLOW_CACHE filled by an earlier run of the same shapes, for a few)
+_COMPILING = "  compiling (first run of these shapes: about 20 s; later runs reuse the compilation cache)..."
+
+
+_DESCRIPTION = """\
+gflow integrates the limiting gradient-flow dynamics of the two-attention-layer
+transformer of Chen, Sheen, Wang, Yang, "Unveiling Induction Heads" (NeurIPS 2024)
+on n-gram Markov mixtures, and checks each trajectory against the paper's
+predictions (the selector picks argmax of the modified chi2-MI, the copier learns
+the parents, the classifier scale a grows like log t)."""
+
+_EPILOG = """\
+examples:
+  gflow run --out runs/default              the paper's default run (about 50 s on 2 cores)
+  gflow run small.toml --out runs/small     a TOML configuration (see the docs' configuration guide)
+  gflow theory small.toml                   the predictions alone, no integration
+  gflow check runs/small                    compare a saved run with its theory again
+  gflow sweep --param data.L=50,100,200 --out runs/L
+  gflow phase --param init.w_plus=log:0.5:8:8 --param data.L=20,40 --out runs/phase
+
+--param syntax (sweep, phase, eval):
+  SECTION.KEY=V1,V2,...   the values are TOML values separated by commas, e.g.
+                          data.L=50,100,200 or data.start=uniform,stationary;
+                          a list value keeps its brackets: data.parents=[1],[1,2]
+                          (semicolons separate values too: data.parents=[1];[1,2])
+  SECTION.KEY=lin:A:B:N   N evenly spaced values from A to B
+  SECTION.KEY=log:A:B:N   N log-spaced values from A to B (A, B > 0)
+  Repeat --param for a cross product (the last one varies fastest). Quote a
+  value with brackets or semicolons in the shell: --param 'data.parents=[1],[1,2]'.
+
+exit codes (every command):
+  0    done; for run and check: the report's gflow verdict passes (the paper's
+       verdict may fail: that is a result, not an error)
+  1    the gflow verdict fails (a row of gflow's own finite/exact theory)
+  2    bad input (configuration, usage, output location; a corrupt, foreign or
+       locked run folder), reported before any compute
+  3    the integration failed (the partial trajectory is kept)
+  130  interrupted (Ctrl-C); the run is saved as "interrupted": --resume continues it
+
+environment: GFLOW_CACHE names the compilation cache folder (default
+~/.cache/gflow/xla; GFLOW_CACHE=none turns it off)."""
+
+_PARAM_HELP = (
+    "a config field and its values: SECTION.KEY=V1,V2,... (TOML values separated by commas; "
+    "a list keeps its brackets, data.parents=[1],[1,2]), or SECTION.KEY=lin:A:B:N / log:A:B:N; "
+    "repeat for a cross product (see 'gflow --help')"
+)
+_QUIET_HELP = "print nothing but errors and warnings"
+_FORMAT_HELP = "figure file format (default png)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gflow")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without installing
+        return "unknown (not installed)"
+
+
+def _sub(sub, name: str, help: str, description: str):
+    return sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gflow", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(
+        prog="gflow", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"gflow {_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    r = sub.add_parser("run", help="integrate a flow, then check it and plot it")
+    r = _sub(sub, "run", "integrate a flow, then check it and plot it",
+             "Integrate the gradient flow of a configuration (none: the paper's default staged run), then write "
+             "the check report (report.md, report.json, theory.json) and the figures (figures/) into the output "
+             "folder. The trajectory (trajectory.npz, run.json) is saved after every decade of each stage's clock, "
+             "so an interrupted run can be resumed.")  # fmt: skip
     r.add_argument("config", nargs="?", help="TOML configuration (default: the paper's default run)")
-    r.add_argument("--out", required=True, help="output folder")
+    r.add_argument("--out", required=True, help="output folder (the run folder)")
     r.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     r.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     r.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
     r.add_argument("--no-check", action="store_true", help="skip the check report")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
-    r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help="figure format")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
+    r.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
     r.add_argument(
         "--replicates", type=int, metavar="R",
         help="run R independent Monte Carlo replicates (estimator.seed = seed + r, r = 0..R-1) into "
@@ -80,55 +151,66 @@ def _parser() -> argparse.ArgumentParser:
         "fit in 2 GiB, else as many as fit; 1: one after another)",
     )  # fmt: skip
 
-    t = sub.add_parser("theory", help="the theory's predictions for a configuration")
-    t.add_argument("config", nargs="?")
+    t = _sub(sub, "theory", "the theory's predictions for a configuration",
+             "Print the predictions for a configuration without integrating anything: the modified chi2-MI "
+             "ranking with standard errors and S*, the Stage I rates J(S), the predicted Stage I duration, and "
+             "the Stage III law (C*, the validity window, a*, the limit loss) of the generalized induction head.")  # fmt: skip
+    t.add_argument("config", nargs="?", help="TOML configuration (default: the paper's default run)")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
 
-    c = sub.add_parser("check", help="compare a saved run with the theory")
-    c.add_argument("dir")
+    c = _sub(sub, "check", "compare a saved run with the theory",
+             "Compare a saved run with its theory (computed on the run's own sample and initialisation); write "
+             "report.json and report.md into the run folder and print the table and both verdicts. Exit code 1 "
+             "only when the gflow verdict fails; a failing paper verdict is a result.")  # fmt: skip
+    c.add_argument("dir", help="a run folder (written by gflow run)")
 
-    sw = sub.add_parser("sweep", help="one run per point of a cross product of config values, and a CSV table")
+    sw = _sub(sub, "sweep", "one run per point of a cross product of config values, and a CSV table",
+              "Run one ordinary run folder per point of the cross product of the --param values, and write "
+              "OUT/sweep.csv with the headline numbers of every point (S*, C*, window, a*, limit loss, measured "
+              "set, slope, a and loss at the end, check verdict, wall time). Every point is validated first.")  # fmt: skip
     sw.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
-    sw.add_argument(
-        "--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
-        help="a config field and its values (TOML values, comma-separated; e.g. data.L=50,100,200 or "
-        "data.parents=[1],[1,2]); repeat for a cross product",
-    )  # fmt: skip
+    sw.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES", help=_PARAM_HELP)
     sw.add_argument("--out", required=True, help="sweep folder: one run folder per point and sweep.csv")
     sw.add_argument("--resume", action="store_true", help="reuse or continue the points' runs already in --out")
     sw.add_argument("--overwrite", action="store_true", help="replace the points' runs already in --out")
     sw.add_argument("--no-check", action="store_true", help="skip the check reports (no theory columns)")
     sw.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
-    sw.add_argument("--quiet", action="store_true")
+    sw.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
     _eval_parser(sub)
     _phase_parsers(sub)
 
-    pl = sub.add_parser("plot", help="draw the figures of a saved run")
-    pl.add_argument("dir")
+    pl = _sub(sub, "plot", "draw the figures of a saved run",
+              "Draw the figures of a saved run (c_frac, copier, a_vs_logt, rate, loss and summary) into "
+              "DIR/figures or --out.")  # fmt: skip
+    pl.add_argument("dir", help="a run folder (written by gflow run)")
     pl.add_argument("--out", help="figure folder (default DIR/figures)")
-    pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"))
+    pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
     return p
 
 
 def _phase_parsers(sub) -> None:
     """``gflow phase`` and ``gflow phase-merge`` (:mod:`gflow.phase`)."""
-    ph = sub.add_parser("phase", help="phase diagram: the theory (and with --flow the flow) over a 1-d or 2-d grid")
+    ph = _sub(sub, "phase", "phase diagram: the theory (and with --flow the flow) over a 1-d or 2-d grid",
+              "Compute, at every point of a grid over one or two configuration fields, the paper's Stage I winner "
+              "(argmax of the modified chi2-MI), gflow's finite-size winner (argmax J), the predicted Stage I "
+              "duration and the Stage III law of the predicted set; with --flow also integrate and check every "
+              "point. Writes OUT/phase.csv, phase.json, points/ and figures/. Running the same command again "
+              "computes only the missing points.")  # fmt: skip
     ph.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
-    ph.add_argument(
-        "--param", action="append", required=True, metavar="SECTION.KEY=VALUES",
-        help="a grid axis (one or two): comma/semicolon-separated TOML values (data.parents=[1,2];[1,3]), "
-        "lin:a:b:n or log:a:b:n (init.w_plus=log:1:10:10)",
-    )  # fmt: skip
+    ph.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES",
+                    help=_PARAM_HELP + "; one or two axes")  # fmt: skip
     ph.add_argument("--out", required=True, help="output folder (phase.csv, phase.json, points/, figures/)")
     ph.add_argument("--flow", action="store_true", help="also integrate and check every point (runs/)")
     ph.add_argument("--shard", metavar="K/N", help="compute only the K-th of N disjoint subsets of the points")
     ph.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
     ph.add_argument("--overwrite", action="store_true", help="discard the points already in --out")
     ph.add_argument("--no-plot", action="store_true", help="skip the figures")
-    ph.add_argument("--quiet", action="store_true")
-    pm = sub.add_parser("phase-merge", help="join the finished shards of a phase grid into one phase.csv")
+    ph.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
+    pm = _sub(sub, "phase-merge", "join the finished shards of a phase grid into one phase.csv",
+              "Join the finished shards of a phase grid (gflow phase --shard K/N) into one phase.csv, phase.json "
+              "and the figures; names the points still missing.")  # fmt: skip
     pm.add_argument("dirs", nargs="+", help="the shards' folders (or one shared folder)")
     pm.add_argument("--out", required=True, help="output folder")
     pm.add_argument("--no-plot", action="store_true", help="skip the figures")
@@ -263,6 +345,7 @@ def _run(args, cfg, out: Path) -> int:
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
+        print(_COMPILING, flush=True)
     t0 = time.perf_counter()
     try:
         traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
@@ -332,16 +415,16 @@ def _cmd_plot(args) -> int:
 
 def _eval_parser(sub) -> None:
     """``gflow eval RUN --param data.L=25,50,100 [--param …] [--out DIR]``."""
-    e = sub.add_parser("eval", help="evaluate a run's final parameters on other data configurations, with the loss ladder")
+    e = _sub(sub, "eval", "evaluate a run's final parameters on other data configurations, with the loss ladder",
+             "Evaluate a run's final parameters on every point of the cross product of the --param values, each "
+             "on its own sample, with that sample's loss ladder (oracle, Bayes, GIH, unigram). It may change "
+             "data.L, data.alpha, data.parents, data.start, data.burn_in, data.kernel, estimator.N, "
+             "estimator.seed and estimator.chunk. Writes eval.csv, eval.json and eval.png.")  # fmt: skip
     e.add_argument("dir", help="a run folder")
-    e.add_argument(
-        "--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
-        help="a data field (data.L, data.alpha, data.parents, data.start, data.burn_in, data.kernel) or "
-        "estimator.N / estimator.seed / estimator.chunk, and its values; repeat for a cross product",
-    )  # fmt: skip
+    e.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES", help=_PARAM_HELP)
     e.add_argument("--out", help="output folder for eval.csv, eval.json, eval.png (default DIR/eval)")
     e.add_argument("--no-plot", action="store_true", help="skip the figure")
-    e.add_argument("--quiet", action="store_true")
+    e.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
 
 def _cmd_eval(args) -> int:
@@ -390,7 +473,7 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
     first (both need it), then the figures are drawn in a second thread while the report's
     rows are computed. Drawing is Python (matplotlib holds the interpreter lock) and the
     rows are mostly XLA arithmetic (which releases it), so on two cores the figures cost
-    little extra wall time (README "Performance"). The same files as :func:`_check` then
+    little extra wall time (docs/performance.md). The same files as :func:`_check` then
     :func:`_plot`; an error in either is raised after both have finished."""
     from concurrent.futures import ThreadPoolExecutor
 

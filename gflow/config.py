@@ -54,7 +54,7 @@ def _floats(x) -> tuple[float, ...]:
 
 
 class ScheduleConfig(eqx.Module):
-    """Which parameter blocks move, and for how long (README §M4).
+    """Which parameter blocks move, and for how long (docs/theory/mathematics.md §M4).
 
     - `kind`: ``"staged"`` (the paper: Stage I moves only C, Stage II only w,
       Stage III only a) or ``"joint"`` (extension: all blocks at once with
@@ -139,7 +139,7 @@ class SolverConfig(eqx.Module):
     - `progress`: show diffrax's tqdm progress meter.
     - `joint_coords`: ``"log"`` (default) integrates the joint schedule's selector as
       ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
-      losing weights; README "The joint flow's performance"), ``"C"`` in C itself.
+      losing weights; CHANGELOG.md, the joint flow in log coordinates), ``"C"`` in C itself.
       Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
     """
 

@@ -1,4 +1,4 @@
-"""The trajectory of a run, and its files (README §M7).
+"""The trajectory of a run, and its files (docs/theory/mathematics.md §M7).
 
 A run folder holds ``trajectory.npz`` (the arrays) and ``run.json`` (the
 resolved configuration, stages, solver statistics, versions, seed, status).

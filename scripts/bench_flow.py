@@ -1,4 +1,4 @@
-"""Benchmark the whole default staged flow (README §M4–§M5): wall time, evaluations, memory.
+"""Benchmark the whole default staged flow (docs/theory/mathematics.md §M4–§M5): wall time, evaluations, memory.
 
 Part 1 — the whole staged run
 -----------------------------

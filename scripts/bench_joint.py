@@ -8,7 +8,7 @@ The official code's run "CWa" (see ``tests/data/paper_run_CWa.csv``): d = 3, a
 (one ``PopulationLoss``) serves both runs, in one process:
 
 1. the joint flow with the default solver (Tsit5, rtol 1e-8, atol 1e-10, the selector
-   integrated in log coordinates ℓ = log|C|; README "The joint flow's performance");
+   integrated in log coordinates ℓ = log|C|; CHANGELOG.md, the joint flow in log coordinates);
    ``--methods`` adds others, e.g. ``kvaerno5`` or ``tsit5:C`` (the old coordinates,
    which do not finish in reasonable time: ``--tmax`` caps their wall time);
 2. gradient descent, ``solver.method = "gd"``, η = 1: 50,000 gradients.

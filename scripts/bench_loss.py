@@ -1,4 +1,4 @@
-"""Benchmark the Monte Carlo loss and its gradient (README §M5).
+"""Benchmark the Monte Carlo loss and its gradient (docs/theory/mathematics.md §M5).
 
 At the paper's default (d=3, trigram, L=100, H=M=3, D=2, N=10,000, float64)
 and around it (N and L swept), for both layouts of the sample ("counts", the

@@ -1,4 +1,4 @@
-"""Fixed-step gradient descent against the flow (README §M4): how many gradients does GD need?
+"""Fixed-step gradient descent against the flow (docs/theory/mathematics.md §M4): how many gradients does GD need?
 
 How many gradient evaluations does discrete gradient descent (GD,
 ``solver.method = "gd"``: θ_{k+1} = θ_k − ηΛ∇L̂(θ_k) on t = kη) need to land

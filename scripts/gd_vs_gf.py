@@ -3,7 +3,7 @@
 What it shows
 -------------
 Discrete gradient descent θ_{k+1} = θ_k − η Λ ∇L̂(θ_k) (``solver.method = "gd"``,
-README §M4 extension) is explicit Euler for the flow dθ/dt = −Λ ∇L̂(θ), run on the
+docs/theory/mathematics.md §M4 extension) is explicit Euler for the flow dθ/dt = −Λ ∇L̂(θ), run on the
 same time axis t = kη. This script runs both on one sample (one
 ``PopulationLoss``, passed to every run: common random numbers) and reports
 
@@ -19,7 +19,7 @@ block moves, Λ = I) from the paper's initialisation, except the selector
 scale c₀ = 0.1 instead of 0.01 (``--c0``), up to T = 20: over that horizon a
 grows from 0.01 to about 2, c/Σc concentrates on S* = {1,2} and the copier
 starts to sharpen, so there is real motion in every block. Why c₀ = 0.1: the
-selector's rate is ∝ a/‖C‖² (README §M6.2), so with the paper's c₀ = 0.01
+selector's rate is ∝ a/‖C‖² (docs/theory/mathematics.md §M6.2), so with the paper's c₀ = 0.01
 (‖C‖² = 7e-4) the joint flow is stiff as soon as a = O(1) — the largest
 Hessian eigenvalue λ_max grows from 4 at t = 0 to ~500 near t = 30 (a ≈ 3;
 measured at L = 40, N = 2000), GD is only stable for η < 2/λ_max ≈ 0.004,

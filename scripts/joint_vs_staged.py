@@ -4,7 +4,7 @@ What it shows
 -------------
 The paper trains the transformer in three stages (Stage I: only the selector
 C; Stage II: only the copier w; Stage III: only the classifier scale a).
-The joint schedule (README §M4, extension) moves every block at once,
+The joint schedule (docs/theory/mathematics.md §M4, extension) moves every block at once,
 dθ/dt = −Λ∇L̂(θ), Λ = diag(η_w, η_C, η_a). On one sample (one
 ``PopulationLoss`` shared by every run) this script asks: does training all
 blocks at once select the same set S* of parents, and does it reach the same
@@ -17,7 +17,7 @@ Runs (default d = 3, L = 40, N = 2000; ``--L``, ``--N``):
 - **joint** for each ``--joint η_w,η_C,η_a`` (default ``1,1,1`` and
   ``1,0.001,1``), up to ``--t1`` (default 1e6), with Kvaerno5 (implicit) at
   rtol 1e-5, atol 1e-8 (1e-6/1e-9 change the end state by ~1e-6). The joint flow is stiff: the selector's rate is
-  ∝ a/‖C‖² (README §M6.2) with ‖C‖² = 7e-4 at the paper's c₀ = 0.01, so once a
+  ∝ a/‖C‖² (docs/theory/mathematics.md §M6.2) with ‖C‖² = 7e-4 at the paper's c₀ = 0.01, so once a
   has grown the weights C_S of the losing sets decay at rates of hundreds;
   Tsit5 needs ~9,000 steps just to reach t = 100, Kvaerno5 ~300 to t = 1e6.
   The horizon: by t ≈ 1e4 the joint loss is within 1e-4 of its limit, and by

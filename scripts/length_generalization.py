@@ -4,10 +4,10 @@ What it shows
 -------------
 The paper's default staged flow (d = 3, parents (1, 2), α = 0.1) is trained at
 the default context length L = 100, then its final parameters θ are evaluated
-(:func:`gflow.evaluate`, README §M8.4) at L = 25, 50, 100, 200, 400, 800,
+(:func:`gflow.evaluate`, docs/theory/mathematics.md §M8.4) at L = 25, 50, 100, 200, 400, 800,
 1600 on held-out sequences (``estimator.seed = --eval-seed``, not the
 training sample), each against the loss ladder of its own sample
-(:mod:`gflow.theory._ladder`, README §M8.3): the oracle E H(π(·|z_q)), the Bayes
+(:mod:`gflow.theory._ladder`, docs/theory/mathematics.md §M8.3): the oracle E H(π(·|z_q)), the Bayes
 (Dirichlet posterior predictive) in-context predictor, the generalized
 induction head on the selected set at *its own* a* for that L
 (argmin_a L_GIH), and the context unigram (the GIH at a = 0).

@@ -7,7 +7,7 @@ The paper's default configuration (``gflow.Config()``: d = 3, parents (1, 2),
 N = 10,000 sequences) integrated with the staged schedule of Chen, Sheen,
 Wang, Yang (NeurIPS 2024): Stage I moves only the selector C, Stage II only
 the copier w, Stage III only the classifier scale a. The run is then checked
-row by row against every prediction of README §M6 (:func:`gflow.checks._checks.check_run`:
+row by row against every prediction of docs/theory/mathematics.md §M6 (:func:`gflow.check_run`:
 the Stage I winner S* = argmax Ĩ, the Stage I rates, the Stage II exponent,
 the Stage III law ∂ₜa ≍ e^{−a} with its window, C* and a*, and the limit
 loss), and drawn.

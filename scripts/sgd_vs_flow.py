@@ -1,4 +1,4 @@
-"""Online SGD against the gradient flow and its diffusion limit (README "SGD and its diffusion limit").
+"""Online SGD against the gradient flow and its diffusion limit (docs/guides/stochastic.md).
 
 Setting (cheap on purpose, for the figure): the published run's model and loss
 (d = 3, a 3-gram, uniform start, ``ce_on_probs``, M = H = 3, D = 2, joint schedule,

@@ -3,7 +3,7 @@
 What it shows
 -------------
 In Stage III the classifier scale follows ∂ₜa = F(a), F(a) = −dL_GIH/da the
-one-dimensional law of the generalized induction head (GIH) on S* (README §M6.4).
+one-dimensional law of the generalized induction head (GIH) on S* (docs/theory/mathematics.md §M6.4).
 The paper's rate is F(a) ≍ e^{−a}, hence a(t) = log t + O(1); at finite L,
 F changes sign at a finite a* (shrinkage towards the context's unigram beats
 the raw conditional counts) and the log-t law only holds on the validity
@@ -20,8 +20,8 @@ each with its standard error over R independent samples of N sequences
 (default R = 5, N = 4000). These are theory-only quantities, computed without
 integrating any flow: one draw of R·N sequences per L (``gflow.sample``) split
 into R blocks of N, the GIH's match counts on S* for each block
-(:func:`gflow.theory._theory.make_gih`, the paper's model's limit with a one-hot
-copier and c = e_{S*}) and its law (:func:`gflow.theory._theory.stage3_law`). S* does
+(:func:`gflow.theory.make_gih`, the paper's model's limit with a one-hot
+copier and c = e_{S*}) and its law (:func:`gflow.theory.stage3_law`). S* does
 not depend on L (the modified χ²-MI is a property of the stationary law): it
 is computed once, from the Ĩ ranking over ``--n-pi`` prior kernels, and
 checked to be the paper's parents.

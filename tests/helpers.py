@@ -60,7 +60,7 @@ def chi2_critical(dof: int, p: float = 1e-4) -> float:
 
 
 # ---------------------------------------------------------------------------
-# Markov chains, built with loops from the definition (README §M1)
+# Markov chains, built with loops from the definition (docs/theory/mathematics.md §M1)
 # ---------------------------------------------------------------------------
 
 
@@ -123,7 +123,7 @@ def parents_code(X, parents, d: int, pos: int):
 
 
 # ---------------------------------------------------------------------------
-# The model with φ materialised (README §M2 verbatim; numpy, float64)
+# The model with φ materialised (docs/theory/mathematics.md §M2 verbatim; numpy, float64)
 # ---------------------------------------------------------------------------
 
 
@@ -278,7 +278,7 @@ def exact_problem(
     Returns ``(quantities, grad)`` with ``quantities`` a dict of floats
 
     - ``loss``: ``E[ℓ(ŷ, y)]`` with the actual target ``y = x_{L+1}``
-      (the definition, README §M3: ``-log(ŷ_y + ε)`` or ``-log softmax(ŷ)_y``);
+      (the definition, docs/theory/mathematics.md §M3: ``-log(ŷ_y + ε)`` or ``-log softmax(ŷ)_y``);
     - ``loss_rb``: ``E[ℓ_RB]``, with ``ℓ_RB = Σ_e π(e | z_q) ℓ(ŷ, e)``;
     - ``var_rb``: ``Var[ℓ_RB]``, the per-sequence variance of the estimator;
     - ``unseen``: ``E[Σ_e π(e|z_q) 1{e not in x_1..x_L}]``;

@@ -1,4 +1,4 @@
-"""Tests of gflow.checks._checks (README §M6, §M7, §M8.1): the check report of a real staged flow
+"""Tests of gflow.checks._checks (docs/theory/mathematics.md §M6, §M7, §M8.1): the check report of a real staged flow
 (every non-informational prediction passes; a deliberately wrong prediction
 fails), the report files, the fitting routines against closed forms, and the
 error path of check_run."""
@@ -110,7 +110,7 @@ def test_every_decided_row_fails_a_bounded_perturbation(checked_run):
 
 
 def test_stage1_duration_matches_the_event_time(checked_run):
-    """README §M8.1: the linearised Stage I's duration against the flow's event
+    """docs/theory/mathematics.md §M8.1: the linearised Stage I's duration against the flow's event
     time, within the stated tolerance, which is tight (< 2 % of the time)."""
     _, traj, _, report = checked_run
     (r,) = _decided(report, "I: Stage I duration")
@@ -148,14 +148,14 @@ def test_two_verdicts():
 
 
 def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, capsys):
-    import gflow.runs
+    import gflow.checks._checks
     from gflow.cli import main
 
     def fake(verdicts):
         rows = [Row("f", 1, 1, 0, verdicts[0], "finite"), Row("p", 1, 1, 0, verdicts[1], "paper")]
         return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
-    monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))  # what gflow check calls
+    monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paper verdict FAIL; gflow verdict PASS" in out and "S* = {2}" in out
@@ -310,7 +310,7 @@ def test_bracketed_root_newton_and_its_safeguard():
 
 def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
     """With a one-hot copier (logit gaps of 100: off-diagonal weights e^-100) and c = e_S the
-    model is the GIH of S (README §M6.4), so the zero a° of its force −∂L̂/∂a, found by
+    model is the GIH of S (docs/theory/mathematics.md §M6.4), so the zero a° of its force −∂L̂/∂a, found by
     model_zero from below and from above, is the GIH's a* (to the bisection's 1e-12 and
     rounding); with the residual mass on the empty set (a constant kernel, a dilution by
     0.99) it is a*/0.99."""

@@ -17,7 +17,7 @@ def test_empty_file_is_the_paper_default(tmp_path):
     assert load_config(p) == Config()
     assert load_config(None) == Config()
     c = Config()
-    # the paper's defaults (README §M1, §M2, §M4)
+    # the paper's defaults (docs/theory/mathematics.md §M1, §M2, §M4)
     assert (c.data.d, c.data.parents, c.data.alpha, c.data.L) == (3, (1, 2), 0.1, 100)
     assert (c.model.M, c.model.H, c.model.D, c.model.norm) == (3, 3, 2, "sum")
     assert (c.init.w_plus, c.init.w_minus, c.init.c0, c.init.a0) == (3.0, 0.1, 0.01, 0.01)
@@ -252,7 +252,7 @@ def test_bad_configs_exit_2_before_any_compute(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compute reached")
 
-    monkeypatch.setattr(gflow.dynamics._flow, "integrate", boom)
+    monkeypatch.setattr(gflow.runs, "integrate", boom)
     monkeypatch.setattr(gflow.dynamics._flow, "make_loss", boom)
     monkeypatch.setattr(gflow.core._loss, "make_loss", boom)
     clean = 0
@@ -310,12 +310,12 @@ def test_ints_of_float_keys_become_floats_and_good_values_pass(tmp_path):
 
 
 def test_small_N_warns(tmp_path, capsys, monkeypatch):
-    import gflow.runs._folder
+    import gflow.dynamics._flow
 
     def stop(*a, **k):
         raise ValueError("stopped before compute")
 
-    monkeypatch.setattr(gflow.runs._folder, "integrate_flow", stop)  # what gflow run calls for a flow
+    monkeypatch.setattr(gflow.runs, "integrate", stop)
     p = tmp_path / "n10.toml"
     p.write_text("[estimator]\nN = 10\n")
     assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2

@@ -1,4 +1,4 @@
-"""The data model (README §M1): configuration checks, the exact stationary law of
+"""The data model (docs/theory/mathematics.md §M1): configuration checks, the exact stationary law of
 the window chain, the W-window law, and the sampler.
 
 Truth comes from the window chain built with loops (tests/helpers.py), closed

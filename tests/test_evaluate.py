@@ -1,4 +1,4 @@
-"""Evaluation off the training distribution (README §M8.4): the training
+"""Evaluation off the training distribution (docs/theory/mathematics.md §M8.4): the training
 configuration reproduces the run's final loss, and bad configurations are
 clear errors raised before any computation."""
 

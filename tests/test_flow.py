@@ -187,7 +187,7 @@ def test_events_end_stages_at_the_right_state(small_run):
 
 
 def test_norm_of_C_conserved_in_stage1(small_run):
-    """‖C‖ is a first integral of Stage I (⟨∇_C L̂, C⟩ = 0, README §M6.2)."""
+    """‖C‖ is a first integral of Stage I (⟨∇_C L̂, C⟩ = 0, docs/theory/mathematics.md §M6.2)."""
     traj, _ = small_run
     r1 = _rows(traj, 1)
     nrm = np.linalg.norm(traj.C[r1], axis=-1)

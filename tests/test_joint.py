@@ -1,5 +1,5 @@
-"""The joint flow in log-selector coordinates (gflow/_solve.py, ``_LogC``; README
-"The joint flow's performance"): the same flow as in C, with far fewer evaluations,
+"""The joint flow in log-selector coordinates (gflow.dynamics, ``_LogC``;
+CHANGELOG.md, "The joint flow: the selector in log coordinates"): the same flow as in C, with far fewer evaluations,
 and gradient descent converging to it at first order."""
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match=r"sde\.noise must be a finite number >= 0"):
         gflow.SDEConfig(noise=-1.0)
     with pytest.raises(ValueError, match=r"sgd\.batch = 500 must be <= estimator\.N = 200"):
-        gflow.dynamics._sgd(CFG, gflow.SGDConfig(batch=500, sampling="fixed"))
+        gflow.sgd(CFG, gflow.SGDConfig(batch=500, sampling="fixed"))
     with pytest.raises(ValueError, match=r"schedule\.kind must be 'joint'"):
-        gflow.dynamics._sgd(CFG.replace(schedule={"kind": "staged"}), gflow.SGDConfig())
+        gflow.sgd(CFG.replace(schedule={"kind": "staged"}), gflow.SGDConfig())
 
 
 @pytest.mark.slow  # ≈ 35 s: compiles the batched and the single joint solve

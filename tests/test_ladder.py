@@ -1,4 +1,4 @@
-"""The loss ladder (README §M8.3): Bayes against an independent quadrature,
+"""The loss ladder (docs/theory/mathematics.md §M8.3): Bayes against an independent quadrature,
 the oracle against a hand-computed entropy, and the ladder's order."""
 
 import itertools

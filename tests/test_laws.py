@@ -1,4 +1,4 @@
-"""Laws per model (gflow.theory._laws; README §M8.7): Stage I rates for either norm,
+"""Laws per model (gflow.theory._laws; docs/theory/mathematics.md §M8.7): Stage I rates for either norm,
 the GIH of both norms, the ce_on_probs GIH law and its tail."""
 
 import diffrax

@@ -1,4 +1,4 @@
-"""The Monte Carlo population loss, its gradient and standard errors (README §M3, §M5).
+"""The Monte Carlo population loss, its gradient and standard errors (docs/theory/mathematics.md §M3, §M5).
 
 Truth: the exact population loss of small fixed-kernel problems, computed by
 enumerating every sequence with its exact probability and running the
@@ -190,14 +190,15 @@ def test_gradient_matches_finite_differences(layout, norm):
     ],
 )
 def test_layouts_agree(norm, kind):
-    """counts and positions give the same loss, gradient, standard errors and
-    unseen mass to rounding (the same sample: both drawn from the seed)."""
+    """counts, positions and sparse give the same loss, gradient, standard errors and
+    unseen mass to rounding (the same sample: all drawn from the seed)."""
     fc = prior_loss(0, "counts", norm, kind)
     fp = prior_loss(0, "positions", norm, kind)
     np.testing.assert_array_equal(np.asarray(fp.feats.X), np.asarray(prior_sample(0).X))
     p = _theta(model=gflow.ModelConfig(M=3, H=3, D=2, norm=norm))
     sc, sp = loss_stats(fc, p), loss_stats(fp, p)
     assert tree_allclose(sc, sp, rtol=1e-10, atol=1e-14)
+    assert tree_allclose(loss_stats(prior_loss(0, "sparse", norm, kind), p), sp, rtol=1e-10, atol=1e-14)
     assert np.isfinite(float(sc.loss)) and float(sc.loss_se) > 0
     assert float(ravel_pytree(sc.grad_se)[0].min()) > 0
 
@@ -217,8 +218,10 @@ def test_short_context_padding(norm):
     est = dict(N=PRIOR_N, seed=5)
     fc = gflow.make_loss(_SHORT_CFG, model, gflow.EstimatorConfig(**est, layout="counts"))
     fp = gflow.make_loss(_SHORT_CFG, model, gflow.EstimatorConfig(**est, layout="positions"))
+    fs = gflow.make_loss(_SHORT_CFG, model, gflow.EstimatorConfig(**est, layout="sparse"))
     sc, sp = loss_stats(fc, p), loss_stats(fp, p)
     assert tree_allclose(sc, sp, rtol=1e-10, atol=1e-14)
+    assert tree_allclose(loss_stats(fs, p), sp, rtol=1e-10, atol=1e-14)
     if norm == "layer":
         return
     ex, grad = exact_problem(_SHORT_CFG, model, p)

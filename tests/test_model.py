@@ -1,7 +1,7 @@
-"""The transformer TF(M, H, d, D) (README §M2).
+"""The transformer TF(M, H, d, D) (docs/theory/mathematics.md §M2).
 
 The reference is :func:`helpers.naive_forward`, which builds the features
-φ_l as explicit tensor products from the definitions of README §M2; gflow never
+φ_l as explicit tensor products from the definitions of docs/theory/mathematics.md §M2; gflow never
 materialises φ (match tensors for the per-position map, a κ table on window
 pairs for the counts layout), so agreement is a real check of both.
 """
@@ -24,7 +24,7 @@ from gflow.core import _model as gmodel
 
 
 def test_subsets_order():
-    # README §M2: by size, then lexicographically, ∅ included; heads are 1-based.
+    # docs/theory/mathematics.md §M2: by size, then lexicographically, ∅ included; heads are 1-based.
     assert gflow.subsets(3, 2) == ((), (1,), (2,), (3,), (1, 2), (1, 3), (2, 3))
     assert gflow.subsets(2, 0) == ((),)
     for H in range(1, 6):
@@ -191,7 +191,7 @@ def test_one_hot_copier_kappa_is_match_indicator(getkey, norm):
 
     Positions l <= max(S), where a selected head reads padding: with
     norm="sum" they match nothing (κ_l = 0, up to e^-60). With norm="layer",
-    φ_l is tiny there (the head's e^-60 of mass on real tokens) and README §M2's
+    φ_l is tiny there (the head's e^-60 of mass on real tokens) and docs/theory/mathematics.md §M2's
     Z = ‖φ_q‖‖φ_l‖ normalises it, so κ_l is a cosine, not an indicator: those
     positions are compared with the materialised features instead (this
     needs the products of tiny inner products to be computed accurately)."""
@@ -216,7 +216,7 @@ def test_one_hot_copier_kappa_is_match_indicator(getkey, norm):
 
 def test_gih_limit(getkey):
     """With c = e_S and a one-hot copier (norm="sum"), ŷ is the generalized
-    induction head: ŷ_e = (e^a N₁(e) + N₀(e)) / (e^a N₁ + N₀) (README §M6.4) at
+    induction head: ŷ_e = (e^a N₁(e) + N₀(e)) / (e^a N₁ + N₀) (docs/theory/mathematics.md §M6.4) at
     finite a, and at a = 200 the in-context conditional frequencies
     N₁(e)/N₁, computed by counting (the unigram frequencies when N₁ = 0)."""
     model = gflow.ModelConfig(**_GIH_MODEL, norm="sum")

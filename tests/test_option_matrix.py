@@ -1,4 +1,4 @@
-"""The option matrix (issue #16, README §"Laws per model"): a small staged run for every
+"""The option matrix (issue #16, docs/theory/mathematics.md §"Laws per model"): a small staged run for every
 accepted value of model.norm, model.head_norm, model.windows, estimator.loss,
 estimator.target and data.start, and for D ∈ {1, 2, 3}, one option changed from the
 test-size default at a time. Each run must finish, the gflow verdict must pass, and every
@@ -101,7 +101,7 @@ def test_option_matrix(name):
 
 
 def _d1_rows_fail_a_shift(traj, report):
-    """D = 1 (README "Laws per model": Stage III settles at the zero of its frozen force, not
+    """D = 1 (docs/theory/laws.md: Stage III settles at the zero of its frozen force, not
     at the GIH's a*): both Stage III end rows are decided and pass, and Stage III's a shifted
     by 1 fails both (the a* row is not made vacuous by the selector-residual term ρ_a)."""
     import copy

@@ -1,11 +1,11 @@
-"""Tests of gflow.figures._plot (README §M7): every figure from a small hand-built run whose
+"""Tests of gflow.figures._plot (docs/theory/mathematics.md §M7): every figure from a small hand-built run whose
 arrays are known, checked against those arrays (one line per subset with its
 label, heatmaps holding s(t), the a-vs-log τ fit equal to an independent least
 squares, the rate equal to −η_a ∂L̂/∂a·e^a), the files written by ``plot_run``
 and ``gflow plot``, and the error paths.
 
 The run is synthetic (no integration) and the theory a hand-made
-:class:`gflow.theory._theory.Theory` with a made-up GIH law, so the file runs in seconds; a
+:class:`gflow.Theory` with a made-up GIH law, so the file runs in seconds; a
 slow test runs the real pipeline (integrate, theory, plot) on a tiny config.
 """
 
@@ -99,7 +99,7 @@ def _joint_traj() -> Trajectory:
 
 
 def _theory(sets) -> Theory:
-    """A :class:`gflow.theory._theory.Theory` whose GIH law of {1,2} is the made-up law
+    """A :class:`gflow.Theory` whose GIH law of {1,2} is the made-up law
     F(a)·e^a = 0.5 (1 + a)(1 − e^{a − 3.5}) (zero at a* = 3.5), with {1,2} winning
     every ranking (the Stage I numbers are placeholders the figures do not read)."""
     sets = tuple(tuple(S) for S in sets)
@@ -411,8 +411,8 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
         calls.append((data, model, estimator, init, kw))
         return theory
 
-    monkeypatch.setattr(gflow.theory._theory, "theory_report", fake_report)
-    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", fake_report)
+    monkeypatch.setattr(gflow.runs._folder, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
     d = tmp_path / "run"
     save(traj, d)
     (path,) = gflow.plot_run(d)
@@ -461,8 +461,8 @@ def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, mo
     def fail(*a, **k):
         raise RuntimeError("recomputed")
 
-    monkeypatch.setattr(gflow.theory._theory, "theory_report", fail)
-    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: None)
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", fail)
+    monkeypatch.setattr(gflow.runs._folder, "make_loss", lambda *cfgs: None)
     js["config"]["estimator"]["seed"] += 1
     (d / "theory.json").write_text(json.dumps(js))
     with pytest.raises(RuntimeError, match="recomputed"):

@@ -1,4 +1,4 @@
-"""The official code's model (README §M8.5) and the published run.
+"""The official code's model (docs/theory/mathematics.md §M8.5) and the published run.
 
 Options: ``model.head_norm`` (v^(h) ← v^(h)/(‖v^(h)‖ + 1e-7)),
 ``model.windows = "shifted"`` (head h reads offsets h..h+M−1) and
@@ -24,10 +24,10 @@ from helpers import random_params
 
 import gflow
 from gflow.core import _model as gmodel
-from gflow.core._loss import PopulationLoss
+from gflow.core._loss import PopulationLoss, StageLoss, resolve_layout, sparse_table_size
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = ("counts", "positions", "heads")
+LAYOUTS = ("counts", "positions", "heads", "sparse")
 
 
 def direct_forward(w, C, a, X, d, D, norm, head_norm, windows):
@@ -192,9 +192,11 @@ def test_drawn_target_is_the_sampled_y(getkey, kind):
 
 
 # counts and positions are slow-marked (≈ 10 s each): in the default suite the options' gradients
-# are checked in the heads layout, and every layout's values equal the direct loss to 1e-12
+# are checked in the heads and sparse layouts, and every layout's values equal the direct loss to 1e-12
 # (test_every_layout_equals_direct_loss); test_loss.py checks the paper model's gradients in both
-@pytest.mark.parametrize("layout", [pytest.param(x, marks=pytest.mark.slow) if x != "heads" else x for x in LAYOUTS])
+@pytest.mark.parametrize(
+    "layout", [pytest.param(x, marks=pytest.mark.slow) if x not in ("heads", "sparse") else x for x in LAYOUTS]
+)
 def test_gradient_matches_finite_differences(getkey, layout):
     data = gflow.DataConfig(d=3, L=10, start="uniform")
     m = gflow.ModelConfig(M=2, H=2, D=2, head_norm=True, windows="shifted")
@@ -266,6 +268,110 @@ def test_m1_shifted_reads_offset_h(getkey, layout):
     np.testing.assert_allclose(shifted, ref_shift, rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(aligned, ref_one, rtol=1e-13, atol=1e-15)
     assert np.max(np.abs(shifted - aligned)) > 1e-2
+
+
+# ---------------------------------------------------------------------------
+# The sparse layout (the official model's fast layout)
+# ---------------------------------------------------------------------------
+
+
+def _rel(x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    return float(np.max(np.abs(x - y)) / np.max(np.abs(y)))
+
+
+@pytest.mark.parametrize("norm, L", [("sum", 3), ("layer", 9), ("sum", 9)])
+def test_sparse_layout_equals_per_position_computation(getkey, norm, L):
+    """The published model's size (d = 3, M = H = 3, D = 2, head_norm, shifted windows:
+    span 5, so L = 3 has a padded query window): every sequence's loss equals the direct
+    per-position forward map (φ materialised), and the gradient, the per-sequence
+    gradients (through the Jacobian of the κ table), the standard errors and the stage
+    losses equal the positions layout's (per-position match tensors), to 1e-12."""
+    data = gflow.DataConfig(d=3, L=L, alpha=0.5)
+    m = gflow.ModelConfig(M=3, H=3, D=2, norm=norm, head_norm=True, windows="shifted")
+    key = getkey()
+    sp, pos = (
+        gflow.make_loss(data, m, gflow.EstimatorConfig(N=40, layout=lay, loss="ce_on_probs"), key=key)
+        for lay in ("sparse", "positions")
+    )
+    assert isinstance(sp.feats, gmodel.SparseCountFeatures)
+    p = random_params(getkey(), m, a=2.5)
+    yh = np.array([direct_forward(p.w, p.C, p.a, x, 3, 2, norm, True, "shifted") for x in np.asarray(sp.feats.X)])
+    z = yh - yh.max(-1, keepdims=True)
+    want = -np.sum(np.asarray(sp.feats.cond) * (z - np.log(np.exp(z).sum(-1, keepdims=True))), -1)
+    np.testing.assert_allclose(np.asarray(sp.per_sequence(p)), want, rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(sp.grad(p)), jax.tree.leaves(pos.grad(p))):
+        assert _rel(a, b) < 1e-12
+    for a, b in zip(jax.tree.leaves(sp.per_sequence_grads(p)), jax.tree.leaves(pos.per_sequence_grads(p))):
+        assert _rel(a, b) < 1e-12
+    for a, b in zip(jax.tree.leaves(sp.stats(p, batches=8)), jax.tree.leaves(pos.stats(p, batches=8))):
+        assert _rel(a, b) < 1e-12
+    for moves in (("a",), ("C",)):
+        s1, s2 = StageLoss(sp, p, moves), StageLoss(pos, p, moves)
+        y = s1.init()
+        assert _rel(s1(y), s2(y)) < 1e-12
+        assert _rel(jax.grad(s1)(y)[moves[0]], jax.grad(s2)(y)[moves[0]]) < 1e-12
+
+
+def test_sparse_features_are_each_sequences_distinct_windows(getkey):
+    """The slots hold each sequence's distinct windows (found here by matching every
+    position's window against the list of windows), their counts by next token sum to
+    L; U is the most any sequence holds; under a trace U is its bound min(L, #windows),
+    and the loss is the same."""
+    d, L = 3, 30
+    data = gflow.DataConfig(d=d, L=L, alpha=0.1)
+    m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=True, windows="shifted")
+    smp = gflow.core._data.sample(data, 30, key=getkey())
+    f = gmodel.features(smp, m, layout="sparse")
+    wins = gmodel.sparse_windows(d, m.span)
+    X = np.asarray(smp.X)
+    U = f.counts.shape[-1]
+    ndist = []
+    for n in range(len(X)):
+        pad = np.concatenate([np.full(m.span, d), X[n]])  # x_j at index span + j − 1
+        idx = [
+            int(np.flatnonzero((wins == pad[m.span + l - 1 - np.arange(1, m.span + 1)]).all(1))[0])
+            for l in range(1, L + 2)
+        ]
+        want = {}
+        for k, x in zip(idx[:-1], X[n]):
+            want.setdefault(k, np.zeros(d))[x] += 1
+        got = {int(k): np.asarray(f.counts[n, :, u]) for u, k in enumerate(np.asarray(f.G[n])) if f.counts[n, :, u].sum()}
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+        r0, r1 = gmodel.sparse_query_block(d, m.span, L)
+        assert int(f.Gs[n]) == idx[-1] - r0 and 0 <= int(f.Gs[n]) < r1 - r0
+        ndist.append(len(want))
+    assert U == max(ndist) < L
+    traced = jax.jit(lambda s: gmodel.features(s, m, layout="sparse"))(smp)
+    assert traced.counts.shape[-1] == min(L, len(wins))
+    p = random_params(getkey(), m)
+    losses = [PopulationLoss(feats=g, model=m, eps=jnp.asarray(1e-6)).per_sequence(p) for g in (f, traced)]
+    np.testing.assert_allclose(np.asarray(losses[0]), np.asarray(losses[1]), rtol=1e-14)
+
+
+def test_auto_layout_picks_sparse_for_the_official_span():
+    assert resolve_layout("auto", 3, 3) == "counts"  # the paper's model: (d+1)^3 = 64 windows
+    assert resolve_layout("auto", 3, 5) == "sparse"  # shifted windows, span 5: 1,024 > 512
+    assert sparse_table_size(3, 5) == 3**5 * (243 + 81 + 27 + 9 + 3 + 1) <= 2**20
+    assert resolve_layout("auto", 3, 7) == "positions"  # 2,187 × 3,280 entries > 2^20
+    assert resolve_layout("sparse", 3, 3) == "sparse"
+
+
+def test_replicates_with_different_slot_counts_stack(getkey):
+    """Two seeds' sparse features hold different numbers of slots; the batched runs pad
+    them to one shape and each replicate's loss is unchanged."""
+    from gflow.dynamics._vmapped import _stack, _take
+
+    data = gflow.DataConfig(d=3, L=30, alpha=0.1)
+    m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=True, windows="shifted")
+    losses = [gflow.make_loss(data, m, gflow.EstimatorConfig(N=20, seed=s, layout="sparse")) for s in (0, 1, 2)]
+    assert len({L.feats.counts.shape[-1] for L in losses}) > 1
+    st = _stack(losses)
+    p = random_params(getkey(), m)
+    for i, L in enumerate(losses):
+        np.testing.assert_allclose(float(_take(st, i)(p)), float(L(p)), rtol=1e-14)
 
 
 # ---------------------------------------------------------------------------
@@ -368,7 +474,7 @@ def test_published_run_a_agrees_flow_every_epoch_from_100():
     against float64 by < 1e-7: 0.5% is left for the discretisation and the
     late drift of the published run (its ‖C‖ falls from 0.368 to 0.348 between
     10⁴ and 5·10⁴, which no gradient step on a loss that ignores ‖C‖ can do).
-    Measured: 1.06%, 0.44%, 0.36%, 1.31%. The flow conserves ‖C‖ (README §M8.6),
+    Measured: 1.06%, 0.44%, 0.36%, 1.31%. The flow conserves ‖C‖ (docs/theory/mathematics.md §M8.6),
     while the published (discrete) run's grows from 0.026 to 0.37."""
     r = _script()
     pub = r.read_published()

@@ -418,7 +418,7 @@ def test_batch_groups_stage_II_by_selected_set(monkeypatch, sequential):
     sets run as different batches (here a forced split: seed 2 "selects"
     {1}; its Stage II runs alone and ends by its duration all the same), and
     all are together again in Stage III."""
-    monkeypatch.setattr(vmapped, "_selected", lambda tr: [1] if tr.seed == 2 else [1, 2])
+    monkeypatch.setattr(vmapped, "stage1_selection", lambda tr: [1] if tr.seed == 2 else [1, 2])
     got = integrate_batch(_cfgs())
     assert [tr.stages[1].selected for tr in got] == [[1, 2], [1], [1, 2]]
     for b, s in zip(got, sequential):
@@ -467,7 +467,7 @@ def test_resumed_replicates_run_as_a_batch(tmp_path, monkeypatch, sequential):
         raise AssertionError("a resumed replicate took the single path")
 
     monkeypatch.setattr(vmapped, "integrate", boom)
-    monkeypatch.setattr(vmapped, "_run_stage", boom)
+    monkeypatch.setattr(vmapped, "run_stage", boom)
     res = run_replicates(EVENTS, 3, base_seed=1, out=out, resume=True)
     assert res.batches == [[0, 1, 2]] and res.failed == []
     diff = 0.0

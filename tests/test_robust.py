@@ -252,12 +252,10 @@ def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch)
     def boom(*a, **k):
         raise AssertionError("reached the checks or the figures")
 
-    monkeypatch.setattr(gflow.checks._checks, "theory_report", boom)
-    monkeypatch.setattr(gflow.checks._checks, "make_loss", boom)
-    # the run layer's check_run and plot_run read the run first, then compute and draw through these
-    monkeypatch.setattr(gflow.runs._folder, "load_or_compute", boom)
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", boom)
     monkeypatch.setattr(gflow.runs._folder, "make_loss", boom)
-    monkeypatch.setattr(gflow.runs._folder, "draw_run", boom)
+    monkeypatch.setattr(gflow.runs._folder, "load_or_compute", boom)
+    monkeypatch.setattr(gflow.runs, "plot_run", boom)
     cases = _corrupt_cases(tmp_path)
     assert len(cases) >= 17
     for name, (d, fragment) in cases.items():
@@ -317,7 +315,7 @@ def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
         save(tr, out)
         return tr
 
-    monkeypatch.setattr(gflow.runs._folder, "integrate_flow", fake_integrate)  # what gflow run calls for a flow
+    monkeypatch.setattr(gflow.runs, "integrate", fake_integrate)
     for passed, code in ((False, 1), (True, 0)):
         rep = Report(rows=[Row("trajectory finite", "every saved value finite", "a", "exact", passed)])
         monkeypatch.setattr(gflow.runs, "check_run", lambda out, rep=rep: rep)
@@ -405,7 +403,7 @@ def test_output_location_checked_before_compute(tmp_path, capsys, no_compute, mo
 def test_plot_out_a_file_is_a_clear_error(tmp_path, capsys, monkeypatch):
     import gflow.figures._plot
 
-    monkeypatch.setattr(gflow.figures._plot, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
+    monkeypatch.setattr(gflow.runs, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
     d = tmp_path / "run"
     save(_synthetic(_tiny_cfg()), d)
     f = tmp_path / "fig.png"
@@ -442,7 +440,7 @@ def test_integration_failure_exits_3(tmp_path, capsys, monkeypatch):
     def fail(*a, **k):
         raise gflow.dynamics._flow.FlowError("max_steps reached", stage="I", t=0.5, trajectory=tr, out=tmp_path / "o")
 
-    monkeypatch.setattr(gflow.runs._folder, "integrate_flow", fail)  # what gflow run calls for a flow
+    monkeypatch.setattr(gflow.runs, "integrate", fail)
     assert gflow.cli.main(["run", "--out", str(tmp_path / "o"), "--quiet"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("gflow run: error: Stage I failed at t = 0.5: max_steps reached (partial trajectory kept")

@@ -1,4 +1,4 @@
-"""Scale-out of the estimator (README §M5): chunked evaluation and sharding of the
+"""Scale-out of the estimator (docs/theory/mathematics.md §M5): chunked evaluation and sharding of the
 sequence axis over devices.
 
 Truth: the unchunked, single-device estimator. Both transformations only
@@ -232,8 +232,8 @@ def test_multiprocess_sharded_equals_single_device():
     """Two processes joined by ``jax.distributed`` (CPU collectives over gloo),
     two forced host devices each: the sequence axis sharded over the 4 global
     devices gives, in both processes, the single-device loss, gradient,
-    standard errors and stage vector fields (the multi-host launch of the
-    README, on one machine)."""
+    standard errors and stage vector fields (the multi-host launch of
+    docs/guides/running.md, on one machine)."""
     import socket
 
     with socket.socket() as sk:

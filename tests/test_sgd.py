@@ -1,4 +1,4 @@
-"""Online SGD (gflow/sgd.py) and its diffusion limit (gflow/sde.py): README §M8.6.
+"""Online SGD (gflow/sgd.py) and its diffusion limit (gflow/sde.py): docs/theory/mathematics.md §M8.6.
 
 Every check is on a tiny problem (d = 3, L = 20, N = 200): exact equalities with
 gradient descent, the one-step covariance η²ΛΣΛ/B against Monte Carlo over many
@@ -149,7 +149,7 @@ def _z_scores(count, n, p):
 def test_fresh_sampler_transitions_match_the_kernel(parents, start, burn_in):
     """With a fixed kernel (d = 3, two parents) every empirical transition frequency
     #(z → e)/#z of 4000 sequences of length 60 is within 4.5 binomial standard errors of
-    π(e|z) (README §M1), a zero-probability transition never occurs, cond is π(·|z_q), and
+    π(e|z) (docs/theory/mathematics.md §M1), a zero-probability transition never occurs, cond is π(·|z_q), and
     the first window's frequencies are within 4.5 SE of the start law (uniform, or the
     window chain's exact stationary law, which burn-in preserves)."""
     import jax
@@ -181,7 +181,7 @@ def test_fresh_sampler_transitions_match_the_kernel(parents, start, burn_in):
 
 @pytest.mark.parametrize("alpha", [0.1, 2.0])
 def test_fresh_sampler_kernels_are_dirichlet(alpha):
-    """The kernels' rows are Dirichlet(α·1_d) (README §M1): over 3000 × 9 rows (d = 3),
+    """The kernels' rows are Dirichlet(α·1_d) (docs/theory/mathematics.md §M1): over 3000 × 9 rows (d = 3),
     P(π_e ≤ t) equals the Beta(α, 2α) distribution function at several t within 4.5
     binomial standard errors, and E π_e², E π_0 π_1 their closed forms
     α(α+1)/(3α(3α+1)) and α²/(3α(3α+1)) within 4.5 SE; α = 0.1 uses the GS sampler,

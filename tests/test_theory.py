@@ -1,4 +1,4 @@
-"""Tests of gflow.theory._theory (README §M6) against truth: brute-force enumeration,
+"""Tests of gflow.theory._theory (docs/theory/mathematics.md §M6) against truth: brute-force enumeration,
 closed forms for kernels with known structure, the model's own derivatives,
 finite differences, and Monte Carlo trends outside their standard errors."""
 
@@ -451,7 +451,7 @@ def test_errors_name_the_offending_value(loss_d3):
 
 
 # ---------------------------------------------------------------------------
-# The linearised Stage I's duration (README §M8.1)
+# The linearised Stage I's duration (docs/theory/mathematics.md §M8.1)
 # ---------------------------------------------------------------------------
 
 

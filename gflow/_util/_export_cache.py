@@ -1,5 +1,5 @@
-"""A cache of traced programs on disk, for the command line's warm start (README
-"Performance").
+"""A cache of traced programs on disk, for the command line's warm start
+(docs/performance.md).
 
 JAX's persistent compilation cache skips XLA compilation in a second process, but
 not *tracing* and lowering: a warm ``gflow run`` still traced its three stage solves

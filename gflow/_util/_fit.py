@@ -1,7 +1,7 @@
 """Least-squares fits shared by check, plot and sweep: one straight line
 (:func:`linear_fit`), the slope of ``a`` against ``log τ`` (:func:`log_slope`,
-the paper's Stage III law ``a = log t + O(1)`` has slope 1; README §M6.4) and
-a power-law exponent (:func:`power_exponent`, README §M6.3)."""
+the paper's Stage III law ``a = log t + O(1)`` has slope 1; docs/theory/mathematics.md §M6.4) and
+a power-law exponent (:func:`power_exponent`, docs/theory/mathematics.md §M6.3)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def linear_fit(x, y) -> tuple[float, float, float]:
 def log_slope(tau, a, window=None) -> tuple[float, int]:
     """The slope of ``a`` against ``log τ`` (least squares) over the points
     with ``τ > 0`` and, if `window` ``(lo, hi)`` is given, ``lo ≤ a ≤ hi``
-    (README §M6.4: the paper's ``a(t) = log t + O(1)`` gives slope 1).
+    (docs/theory/mathematics.md §M6.4: the paper's ``a(t) = log t + O(1)`` gives slope 1).
 
     **Returns:** ``(slope, number of points used)``; the slope is NaN with
     fewer than 2 points.
@@ -59,7 +59,7 @@ def log_slope(tau, a, window=None) -> tuple[float, int]:
 def power_exponent(tau, y) -> tuple[float, int]:
     """The exponent β of ``y ~ τ^(−β)``: minus the least-squares slope of
     ``log y`` against ``log τ`` over the points with ``τ > 0`` and ``y > 0``
-    (README §M6.3).
+    (docs/theory/mathematics.md §M6.3).
 
     **Returns:** ``(β, number of points used)``; NaN with fewer than 2 points.
     """

@@ -1,4 +1,4 @@
-"""What every check row reads (README §M7): the run, its theory and estimator
+"""What every check row reads (docs/theory/mathematics.md §M7): the run, its theory and estimator
 (:class:`Ctx`), the contrast λ of the model's kernel on a GIH's match
 indicator, and the jitted per-sequence force and loss of the model."""
 

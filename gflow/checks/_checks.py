@@ -1,4 +1,4 @@
-"""The check report: every law of README §M6 and §M8.1 against a run (README §M7).
+"""The check report: every law of docs/theory/mathematics.md §M6 and §M8.1 against a run (docs/theory/mathematics.md §M7).
 
 :func:`check` compares a :class:`~gflow.trajectory.Trajectory` with its
 :class:`~gflow.theory.Theory` and returns a :class:`Report`, one :class:`Row`
@@ -7,7 +7,7 @@ per prediction: ``name, claim, predicted, measured, tolerance, passed``.
 and ``report.md`` (and ``theory.json`` through
 :func:`~gflow.theory.load_or_compute`).
 
-**Claims and verdicts** (README §M8.1). Every row names its claim:
+**Claims and verdicts** (docs/theory/mathematics.md §M8.1). Every row names its claim:
 
 - ``"paper"``: the paper's asymptotic statements: Stage I selects
   ``S* = argmax Ĩ``; ``a`` grows like ``log t`` (slope 1); the Ĩ-based rates
@@ -27,7 +27,7 @@ only on a gflow failure. Stage II and III rows use the selected set; when it
 is not ``S*``, an informational row shows the GIH law of ``S*`` beside it.
 
 **Undecided rows** (``passed`` None, tolerance ``"info: …"``): informational
-rows; rows whose law does not cover the run's options (README §M8.7:
+rows; rows whose law does not cover the run's options (docs/theory/mathematics.md §M8.7:
 :data:`~gflow.theory.LAW_COVERAGE`, e.g. the Stage I linearisation for
 ``norm="layer"``); rows the run cannot decide (a stage cut by its duration,
 too few saved points); and **vacuous** rows: each row carries a plausible
@@ -137,7 +137,7 @@ def check(
     claimed_S_star=None,
     k_se: float = 4.0,
 ) -> Report:
-    """Compare a run with every law of README §M6 and §M8.1 (see the module
+    """Compare a run with every law of docs/theory/mathematics.md §M6 and §M8.1 (see the module
     docstring and the row functions for the rows, their claims and tolerances).
 
     **Arguments:**

@@ -1,4 +1,4 @@
-"""The check report's types and formats (README §M7, §M8.1): :class:`Row`, one
+"""The check report's types and formats (docs/theory/mathematics.md §M7, §M8.1): :class:`Row`, one
 prediction against the run, and :class:`Report`, the rows with the run's and
 the theory's summaries, the two verdicts, and its JSON, Markdown and text forms."""
 

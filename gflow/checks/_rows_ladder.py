@@ -1,4 +1,4 @@
-"""Check-report rows of the loss ladder (README §M8.3): the flow's loss at the
+"""Check-report rows of the loss ladder (docs/theory/mathematics.md §M8.3): the flow's loss at the
 end on the ladder of the run's own sample (:mod:`gflow.ladder`)."""
 
 from __future__ import annotations

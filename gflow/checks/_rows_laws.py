@@ -1,4 +1,4 @@
-"""Report rows from the laws per model (:mod:`gflow.laws`; README §M8.7).
+"""Report rows from the laws per model (:mod:`gflow.laws`; docs/theory/mathematics.md §M8.7).
 
 - Stage I for a run the sum-norm linearisation does not cover (``norm =
   "layer"``): the rates at t = 0 and the selected set from the model's own
@@ -203,7 +203,7 @@ def _fit_power(tau, L):
 def _row_ce_approach(ctx: Ctx) -> None:
     """Finite (law "gih_tail", ``loss = "ce_on_probs"``): when the selected set's
     GIH has no finite zero of F (``a* = ∞``) and ``K = lim e^a F > 0``, Stage III
-    approaches its limit as ``L̂ − L∞ ≈ 1/(η_a λ² τ)`` (README §M8.7: with the
+    approaches its limit as ``L̂ − L∞ ≈ 1/(η_a λ² τ)`` (docs/theory/mathematics.md §M8.7: with the
     model's contrast λ, ``F_model(a) ≈ λK e^{−λa}``, so ``e^{λa} ≈ η_a λ² K τ``
     and ``L̂ − L∞ ≈ K e^{−λa}``): the exponent of τ is −1 whatever K and λ.
     Measured: ``L∞ + Bτ^{−p}`` fitted by least squares to the last decade of

@@ -1,4 +1,4 @@
-"""The Stage I rows of the check report (README §M6.1, §M6.2, §M8.1) and the
+"""The Stage I rows of the check report (docs/theory/mathematics.md §M6.1, §M6.2, §M8.1) and the
 trajectory-finite row; one function per row, its claim, tolerance and wrong
 answer in its docstring."""
 
@@ -242,7 +242,7 @@ def _rate_error(ctx: Ctx, rows, iA: int, k: float) -> float:
 
 
 def row_duration(ctx: Ctx) -> None:
-    """Finite: the linearised Stage I's duration (README §M8.1,
+    """Finite: the linearised Stage I's duration (docs/theory/mathematics.md §M8.1,
     :func:`~gflow.theory.predicted_stage1_duration` with the run's c(0), a₀, η_C,
     δ) against the event time of Stage I. Tolerance ``2 ε t_pred``, ε the
     largest relative error of the linearised pairwise rates against the flow's

@@ -1,4 +1,4 @@
-"""The Stage II and Stage III rows of the check report (README §M6.3–§M6.5), on
+"""The Stage II and Stage III rows of the check report (docs/theory/mathematics.md §M6.3–§M6.5), on
 the set Stage I selected; one function per row, its claim, tolerance and wrong
 answer in its docstring."""
 
@@ -313,7 +313,7 @@ def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
       measured: the residual mass is not a dilution of the match indicator but
       the kernels of other sets, whose information adds to S's (at D = 1 the 1 %
       left on {2} beside the selected {1} moves the zero by +0.16, four times
-      the dilution a*(1/0.99 − 1) = 0.04; README "Laws per model").
+      the dilution a*(1/0.99 − 1) = 0.04; docs/theory/laws.md).
 
     Undecided unless Stage III ran long enough (the flow and the GIH law both
     settled within a quarter of the tolerance). Wrong answer: ``a + 1``.

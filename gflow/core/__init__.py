@@ -22,14 +22,17 @@ from ._loss import make_loss as make_loss
 from ._loss import mean_se as mean_se
 from ._loss import resolve_layout as resolve_layout
 from ._loss import sequence_loss as sequence_loss
+from ._loss import sparse_table_size as sparse_table_size
 from ._model import CountFeatures as CountFeatures
 from ._model import HeadFeatures as HeadFeatures
 from ._model import InitConfig as InitConfig
 from ._model import ModelConfig as ModelConfig
 from ._model import Params as Params
 from ._model import PositionFeatures as PositionFeatures
+from ._model import SparseCountFeatures as SparseCountFeatures
 from ._model import features as features
 from ._model import init_params as init_params
+from ._model import sparse_window_blocks as sparse_window_blocks
 from ._model import subset_label as subset_label
 from ._model import subsets as subsets
 from ._model import window_code_count as window_code_count

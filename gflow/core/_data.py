@@ -1,4 +1,4 @@
-"""The data model: a mixture of n-gram Markov chains (README §M1).
+"""The data model: a mixture of n-gram Markov chains (docs/theory/mathematics.md §M1).
 
 A sequence is drawn by first drawing a transition kernel ``π`` from the prior
 (independent ``Dirichlet(α·1_d)`` rows, one per parent configuration, or a
@@ -40,7 +40,7 @@ def _as_parents(p) -> tuple[int, ...]:
 
 
 class DataConfig(eqx.Module):
-    """The n-gram Markov mixture of README §M1.
+    """The n-gram Markov mixture of docs/theory/mathematics.md §M1.
 
     **Arguments:**
 
@@ -267,7 +267,7 @@ def sample_kernels(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.floa
 
 
 def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> Sample:
-    """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (README §M1).
+    """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (docs/theory/mathematics.md §M1).
 
     Vectorised over sequences; a single ``lax.scan`` over positions. The
     first ``p_k`` tokens come from the window chain's exact stationary law
@@ -405,7 +405,7 @@ def _dirichlet_fast(cfg: DataConfig, N: int, key, dtype):
 
 
 def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
-    """``N`` independent sequences of the same law as :func:`sample` (README §M1), drawn
+    """``N`` independent sequences of the same law as :func:`sample` (docs/theory/mathematics.md §M1), drawn
     by cheaper exact algorithms, from a different random stream (so not the same
     sequences as :func:`sample` for the same key). Used for online SGD's fresh batches,
     where sampling dominates the step; the fixed samples of the flow stay

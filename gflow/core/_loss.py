@@ -1,4 +1,4 @@
-"""The Monte Carlo population ICL loss and its gradient (README §M3, §M5).
+"""The Monte Carlo population ICL loss and its gradient (docs/theory/mathematics.md §M3, §M5).
 
 ``L̂_N(θ) = (1/N) Σ_n ℓ_RB(θ; X_n, π_n)`` on a sample drawn once from a fixed
 key (common random numbers), so ``L̂_N`` is a deterministic smooth function of
@@ -19,11 +19,19 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from . import _model
 from ._data import DataConfig, sample
-from ._model import CountFeatures, HeadFeatures, ModelConfig, Params, PositionFeatures, features
+from ._model import (
+    CountFeatures,
+    HeadFeatures,
+    ModelConfig,
+    Params,
+    PositionFeatures,
+    SparseCountFeatures,
+    features,
+)
 
 _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
-_LAYOUTS = ("auto", "counts", "positions", "heads")
+_LAYOUTS = ("auto", "counts", "positions", "heads", "sparse")
 _TARGETS = ("expected", "drawn")
 
 
@@ -42,9 +50,11 @@ class EstimatorConfig(eqx.Module):
       for small ``d**M``), ``"positions"`` (per-position match tensors, any
       size), ``"heads"`` (per-position window codes of each head, κ from
       per-head tables over ``(d+1)**M`` head windows; any span, the fast
-      layout for shifted windows) or ``"auto"`` (default: counts when
-      ``(d+1)**span <= 512``, else positions; ``span`` is M for aligned
-      windows).
+      layout for shifted windows), ``"sparse"`` (κ tabulated on the
+      windows a sequence can show, each sequence as counts over its own
+      distinct windows; exact, the fast layout for a large span, as the
+      official code's shifted windows) or ``"auto"`` (default: see
+      :func:`resolve_layout`).
     - `chunk`: ``0`` (default) or the number of sequences per chunk: every
       per-sequence computation then runs chunk by chunk, rematerialised in
       the backward pass, so the working memory is O(chunk) (same result to
@@ -54,7 +64,7 @@ class EstimatorConfig(eqx.Module):
       the device count.
     - `target`: ``"expected"`` (default: Rao–Blackwellised, the expectation
       over ``π(·|z_q)``) or ``"drawn"`` (extension, the official code,
-      README §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
+      docs/theory/mathematics.md §M8.5: each sequence's sampled ``y = x_{L+1}``, i.e. ``π(·|z_q)``
       replaced by the one-hot ``e(y)`` in the loss; same ``y`` as the
       sample's, so both targets share the common random numbers).
     """
@@ -64,7 +74,7 @@ class EstimatorConfig(eqx.Module):
     eps: float = 1e-6
     loss: Literal["log", "ce_on_probs"] = eqx.field(static=True, default="log")
     dtype: Literal["float64", "float32"] = eqx.field(static=True, default="float64")
-    layout: Literal["auto", "counts", "positions"] = eqx.field(static=True, default="auto")
+    layout: Literal["auto", "counts", "positions", "heads", "sparse"] = eqx.field(static=True, default="auto")
     chunk: int = eqx.field(static=True, default=0)
     shard: bool = eqx.field(static=True, default=False)
     target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")
@@ -111,7 +121,7 @@ def unseen_mass(X, cond: Float[Array, " d"]) -> Float[Array, ""]:
 
 
 class LossStats(eqx.Module):
-    """Loss and gradient at one θ with Monte Carlo standard errors (README §M5).
+    """Loss and gradient at one θ with Monte Carlo standard errors (docs/theory/mathematics.md §M5).
 
     The standard errors are ``std_n / sqrt(N)`` of the per-sequence values,
     which are i.i.d. across sequences.
@@ -129,14 +139,32 @@ class LossStats(eqx.Module):
 # κ on window pairs: the table is ((d+1)**M)**2 entries, the counts
 # (d+1)**M * d per sequence.
 _AUTO_MAX_WINDOWS = 512
+# Largest sparse κ table (query windows × sparse windows) for which
+# layout="auto" picks "sparse": 2**20 entries (8 MB in float64; its Jacobian,
+# for the per-sequence gradients, is dim(w) + |𝒮| times that).
+_AUTO_MAX_SPARSE = 2**20
+# Largest (batches × sparse table entries) for which the batch gradients of the
+# sparse layout are summed on the table (as for counts); above, per sequence.
+_MAX_BATCH_TABLE = 2**23
+
+
+def sparse_table_size(d: int, span: int) -> int:
+    """Entries of the sparse layout's κ table at ``L >= span``:
+    ``d**span`` query windows × ``Σ_{p=0..span} d**(span−p)`` windows."""
+    return d**span * sum(d ** (span - p) for p in range(span + 1))
 
 
 def resolve_layout(layout: str, d: int, M: int) -> str:
-    """``"auto"`` is ``"counts"`` when ``(d+1)**M <= 512``, else ``"positions"``."""
+    """``"auto"`` is ``"counts"`` when ``(d+1)**M <= 512`` (``M``: the span,
+    every offset the copier reads), else ``"sparse"`` when its κ table has at
+    most ``2**20`` entries (:func:`sparse_table_size`: 88,452 for d = 3 and
+    the official code's span 5), else ``"positions"``."""
     if layout not in _LAYOUTS:
         raise ValueError(f"estimator.layout must be one of {_LAYOUTS}, got {layout!r}")
     if layout == "auto":
-        return "counts" if (d + 1) ** M <= _AUTO_MAX_WINDOWS else "positions"
+        if (d + 1) ** M <= _AUTO_MAX_WINDOWS:
+            return "counts"
+        return "sparse" if sparse_table_size(d, M) <= _AUTO_MAX_SPARSE else "positions"
     return layout
 
 
@@ -177,7 +205,7 @@ def seqmap(fn, args: tuple, chunk: int = 0):
 
 
 class PopulationLoss(eqx.Module):
-    """The estimator ``L̂_N(θ)`` on a fixed sample (README §M3, §M5).
+    """The estimator ``L̂_N(θ)`` on a fixed sample (docs/theory/mathematics.md §M3, §M5).
 
     Build with :func:`make_loss`. Calling it returns the mean loss; see
     :meth:`value_and_grad`, :meth:`stats`, :meth:`per_sequence`.
@@ -220,6 +248,30 @@ class PopulationLoss(eqx.Module):
     def _table(self, w, C):
         return _model.kappa_table(w, C, self.model, self.d)
 
+    def _sparse_table(self, w, C):
+        return _model.sparse_kappa_table(w, C, self.model, self.d, self.feats.X.shape[-1])
+
+    def _sparse_jacobian(self, params: Params):
+        """The sparse κ table ``(nQ, nK)``, its Jacobian as one row of
+        ``dκ/d(w, C)`` per entry ``(nQ·nK, dim w + |𝒮|)``, and the map
+        ``(row of J-space, ∂/∂a) → Params``."""
+        table = self._sparse_table(params.w, params.C)
+        Jw, JC = jax.jacfwd(self._sparse_table, argnums=(0, 1))(params.w, params.C)
+        QK = table.size
+        nw = params.w.size
+        J = jnp.concatenate([Jw.reshape(QK, nw), JC.reshape(QK, -1)], axis=-1)
+        unflat = lambda g, ga: Params(w=g[..., :nw].reshape(g.shape[:-1] + params.w.shape), C=g[..., nw:], a=ga)  # noqa: E731
+        return table, J, unflat
+
+    def _sparse_size(self) -> int:
+        f = self.feats
+        r0, r1 = _model.sparse_query_block(self.d, self.model.span, f.X.shape[-1])
+        return (r1 - r0) * int(_model.sparse_window_blocks(self.d, self.model.span)[-1])
+
+    def _sparse_args(self):
+        f = self.feats
+        return (f.Gs, f.G, f.counts, f.cond)
+
     def _positions_args(self):
         f = self.feats
         return (f.X, f.G, f.Gs, f.cond)
@@ -228,6 +280,10 @@ class PopulationLoss(eqx.Module):
     def per_sequence(self, params: Params) -> Float[Array, " N"]:
         """``ℓ_RB`` of every sequence, ``(N,)``."""
         f = self.feats
+        if isinstance(f, SparseCountFeatures):
+            table = self._sparse_table(params.w, params.C)
+            fn = lambda q, keys, counts, cond: self._one_counts(params.a, table[q, keys], counts, cond)  # noqa: E731
+            return seqmap(fn, self._sparse_args(), self.chunk)
         if isinstance(f, HeadFeatures):
             tab = _model.head_tables(params.w, self.model, self.d)
             fn = lambda X, hk, hq, cond: self._one_heads(params.a, params.C, tab, X, hk, hq, cond)  # noqa: E731
@@ -260,6 +316,18 @@ class PopulationLoss(eqx.Module):
     def per_sequence_grads(self, params: Params) -> tuple[Float[Array, " N"], Params]:
         """Per-sequence losses and gradients (leaves with a leading N axis)."""
         f = self.feats
+        if isinstance(f, SparseCountFeatures):
+            # The gradient with respect to a sequence's κ entries, mapped to
+            # (w, C) by the Jacobian of the κ table at those entries.
+            table, J, unflat = self._sparse_jacobian(params)
+            K = table.shape[1]
+            g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
+
+            def one_s(q, keys, counts, cond):
+                ls, (ga, grow) = g1(params.a, table[q, keys], counts, cond)
+                return ls, unflat(grow @ J[q * K + keys], ga)
+
+            return seqmap(one_s, self._sparse_args(), self.chunk)
         if isinstance(f, HeadFeatures):
 
             def one_h(p: Params, X, hk, hq, cond):
@@ -285,7 +353,7 @@ class PopulationLoss(eqx.Module):
         ``n`` in batch ``n mod B``) and each batch's share ``n_b/N``.
 
         This is how the standard errors of the gradient are estimated (batch
-        means, README §M5). For the counts layout it costs about one gradient:
+        means, docs/theory/mathematics.md §M5). For the counts layout it costs about one gradient:
         per-sequence gradients with respect to (a, the sequence's row of κ)
         are summed per batch and query window, then mapped to (w, C) by the
         Jacobian of the κ table.
@@ -302,6 +370,29 @@ class PopulationLoss(eqx.Module):
         n_b = np.bincount(bid, minlength=B).astype(np.float64)
         share = jnp.asarray(n_b / N, self.eps.dtype)
         f = self.feats
+        if isinstance(f, SparseCountFeatures) and B * self._sparse_size() <= _MAX_BATCH_TABLE:
+            # As for counts: the per-sequence gradients with respect to (a, the
+            # sequence's κ entries) summed per batch on the table, then mapped
+            # to (w, C) by the table's Jacobian.
+            table, J, unflat = self._sparse_jacobian(params)
+            Q, K = table.shape
+            g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
+            fn = lambda q, keys, counts, cond: g1(params.a, table[q, keys], counts, cond)  # noqa: E731
+            ls, (ga, grow) = seqmap(fn, self._sparse_args(), self.chunk)
+            nb = jnp.asarray(n_b, ls.dtype)
+            seg = (jnp.asarray(bid)[:, None] * Q + f.Gs[:, None]) * K + f.G
+            T = jax.ops.segment_sum(grow.reshape(-1), seg.reshape(-1), num_segments=B * Q * K)
+            g = (T.reshape(B, Q * K) @ J) / nb[:, None]
+            return share, unflat(g, jax.ops.segment_sum(ga, jnp.asarray(bid), num_segments=B) / nb), ls
+        if isinstance(f, SparseCountFeatures):  # a large table: per-sequence gradients, summed per batch
+            ls, gs = self.per_sequence_grads(params)
+            nb = jnp.asarray(n_b, ls.dtype)
+            gb = jax.tree.map(
+                lambda x: jax.ops.segment_sum(x, jnp.asarray(bid), num_segments=B)
+                / nb.reshape((B,) + (1,) * (x.ndim - 1)),
+                gs,
+            )
+            return share, gb, ls
         if isinstance(f, CountFeatures):
             table = self._table(params.w, params.C)
             g1 = jax.value_and_grad(self._one_counts, argnums=(0, 1))
@@ -377,7 +468,12 @@ class StageLoss(eqx.Module):
     def __init__(self, loss: PopulationLoss, params: Params, moves: tuple[str, ...]):
         self.loss, self.frozen, self.moves = loss, params, tuple(moves)
         f, ch = loss.feats, loss.chunk
-        if isinstance(f, HeadFeatures) and self.moves in (("a",), ("C",)):
+        if isinstance(f, SparseCountFeatures) and self.moves in (("a",), ("C",)):
+            if self.moves == ("a",):
+                self.cache = loss._sparse_table(params.w, params.C)[f.Gs[:, None], f.G]  # each sequence's κ
+            else:
+                self.cache = _model.sparse_window_products(params.w, loss.model, loss.d, f.X.shape[-1])
+        elif isinstance(f, HeadFeatures) and self.moves in (("a",), ("C",)):
             tab = _model.head_tables(params.w, loss.model, loss.d)
             prods = lambda hk, hq: _model.head_products(tab, hk, hq, loss.model)  # noqa: E731
             if self.moves == ("a",):
@@ -412,6 +508,14 @@ class StageLoss(eqx.Module):
         if self.moves not in (("a",), ("C",)):
             return L(self.full(y))
         a = y["a"] if self.moves == ("a",) else self.frozen.a
+        if isinstance(f, SparseCountFeatures):
+            if self.moves == ("a",):
+                fn = lambda row, counts, cond: L._one_counts(a, row, counts, cond)  # noqa: E731
+                return jnp.mean(seqmap(fn, (self.cache, f.counts, f.cond), ch))
+            r0 = _model.sparse_query_block(L.d, L.model.span, f.X.shape[-1])[0]
+            table = _model.kappa_from_sparse_products(y["C"], *self.cache, L.model, r0)
+            fn = lambda q, keys, counts, cond: L._one_counts(a, table[q, keys], counts, cond)  # noqa: E731
+            return jnp.mean(seqmap(fn, L._sparse_args(), ch))
         if isinstance(f, PositionFeatures):
 
             def one(cache, X, cond):
@@ -480,7 +584,8 @@ def make_loss(
     shards the sequence axis over the devices; ``estimator.chunk`` bounds the
     working memory. ``estimator.target = "drawn"`` replaces ``π(·|z_q)`` by
     ``e(y)`` (the sample's own ``x_{L+1}``). The counts layout tabulates the
-    ``(d+1)**model.span`` windows of every offset the copier reads.
+    ``(d+1)**model.span`` windows of every offset the copier reads; the
+    sparse layout only the windows a sequence can show.
     """
     if key is None:
         key = jax.random.key(estimator.seed)

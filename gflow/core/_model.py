@@ -1,4 +1,4 @@
-"""The two-attention-layer transformer TF(M, H, d, D) of README §M2.
+"""The two-attention-layer transformer TF(M, H, d, D) of docs/theory/mathematics.md §M2.
 
 Everything is computed from θ-independent *match tensors* of a sequence,
 never from the tensor-product features φ:
@@ -34,7 +34,7 @@ HEAD_NORM_EPS = 1e-7
 
 def subsets(H: int, D: int) -> tuple[tuple[int, ...], ...]:
     """The selector's index set ``𝒮 = {S ⊆ {1..H} : |S| <= D}``, empty set
-    included, ordered by size and then lexicographically (README §M2).
+    included, ordered by size and then lexicographically (docs/theory/mathematics.md §M2).
 
     Heads are 1-based, so a set of heads reads as a set of offsets.
     """
@@ -57,7 +57,7 @@ class ModelConfig(eqx.Module):
     - `D`: maximal size of a selected set of heads, ``0 <= D <= H``.
     - `norm`: ``"sum"`` (default, the reference simulations: ``Z = Σ_S c_S``)
       or ``"layer"`` (exact layer normalisation, ``Z = ‖φ_q‖‖φ_l‖``).
-    - `head_norm`: extension, the official code's model (README §M8.5):
+    - `head_norm`: extension, the official code's model (docs/theory/mathematics.md §M8.5):
       every head's output is normalised before the selector,
       ``v^(h) ← v^(h)/(‖v^(h)‖ + 1e-7)`` (an all-padding window, ``v = 0``,
       stays 0). Default ``False`` (the paper's model).
@@ -120,10 +120,16 @@ class ModelConfig(eqx.Module):
 
 
 class InitConfig(eqx.Module):
-    """The paper's initialisation (README §M4): ``w^(h)_i = w_plus`` if ``i = h``
+    """The paper's initialisation (docs/theory/mathematics.md §M4): ``w^(h)_i = w_plus`` if ``i = h``
     else ``w_minus``; ``C_S = c0`` for every S; ``a = a0``. With
     ``model.windows = "shifted"``, ``w_plus`` sits on the first entry of head
-    h's window (offset h), as in the official code."""
+    h's window (offset h), as in the official code.
+
+    - `w_plus`: the RPE weight of head h on its own offset h (default 3).
+    - `w_minus`: the RPE weight on every other offset (default 0.1).
+    - `c0`: every selector weight ``C_S`` (non-zero; default 0.01, so ``c_S = 10⁻⁴``).
+    - `a0`: the classifier scale ``a`` (default 0.01).
+    """
 
     w_plus: float = 3.0
     w_minus: float = 0.1
@@ -272,20 +278,48 @@ class HeadFeatures(PositionFeatures):
     """
 
 
+class SparseCountFeatures(PositionFeatures):
+    """Each sequence's counts over its own distinct key windows (the
+    ``"sparse"`` layout, exact).
+
+    The counts layout for a large span: κ is tabulated on windows of all
+    ``span`` offsets (:func:`sparse_kappa_table`), but only on the windows a
+    sequence can show (padding only on the offsets before its start:
+    ``Σ_p d**(span−p)`` key windows, ``d**span`` query windows once
+    ``L >= span``, instead of ``(d+1)**span`` each), and each sequence keeps
+    counts only on the ``U`` distinct windows it holds (``U`` = the most any
+    sequence of the sample holds, ``<= min(L, Σ_p d**(span−p))``).
+
+    A :class:`PositionFeatures` (so `X` and `cond` as there, and everything
+    that reads the tokens works) whose `G` holds the key windows ``(N, U)``
+    (ints, columns of the table; unused slots 0) and `Gs` the query window
+    ``(N,)`` (ints, rows of the table), plus
+
+    - `counts`: ``counts[n, e, u] = #{l <= L : window of l is G[n, u], x_l = e}``,
+      ``(N, d, U)`` (0 in unused slots).
+    """
+
+    counts: Float[Array, "N d U"] = None
+
+
 def features(sample: Sample, model: ModelConfig, *, layout: str = "counts", dtype=jnp.float64):
     """θ-independent inputs of every sequence of a sample (computed once).
 
     ``layout="counts"`` gives :class:`CountFeatures`, ``"positions"``
-    :class:`PositionFeatures`, ``"heads"`` :class:`HeadFeatures`. All give
-    the same loss to rounding.
+    :class:`PositionFeatures`, ``"heads"`` :class:`HeadFeatures`, ``"sparse"``
+    :class:`SparseCountFeatures`. All give the same loss to rounding.
     """
     if layout == "counts":
         return _count_features(sample.X, sample.cond, model, dtype)
+    if layout == "sparse":
+        return _sparse_features(sample.X, sample.cond, model, dtype)
     if layout == "positions":
         return _position_features(sample.X, sample.cond, model, dtype)
     if layout == "heads":
         return _head_features(sample.X, sample.cond, model, dtype)
-    raise ValueError(f"estimator.layout must be one of ('auto', 'counts', 'positions', 'heads'), got {layout!r}")
+    raise ValueError(
+        f"estimator.layout must be one of ('auto', 'counts', 'positions', 'heads', 'sparse'), got {layout!r}"
+    )
 
 
 def head_window_codes(X: Int[Array, " L"], model: ModelConfig, d: int) -> Int[Array, "L1 H"]:
@@ -410,7 +444,7 @@ def window_products(w: Float[Array, "H M"], model: ModelConfig, d: int) -> Float
 
 
 def kappa_from_window_products(C: Float[Array, " nS"], P: Float[Array, "K K nS"], model: ModelConfig):
-    """κ on window pairs from :func:`window_products` (README §M2's normalisations)."""
+    """κ on window pairs from :func:`window_products` (docs/theory/mathematics.md §M2's normalisations)."""
     c = C**2
     num = P @ c
     if model.norm == "sum":
@@ -439,6 +473,161 @@ def kappa_row(w: Float[Array, "H M"], C: Float[Array, " nS"], q, model: ModelCon
 def kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int):
     """κ for every (query window, key window) pair, ``((d+1)**span, (d+1)**span)``."""
     return kappa_from_window_products(C, window_products(w, model, d), model)
+
+
+# ---------------------------------------------------------------------------
+# The kernel tabulated on the windows a sequence can show (the sparse layout)
+# ---------------------------------------------------------------------------
+#
+# Position l's window (x_{l-1}, …, x_{l-span}) has padding exactly on the
+# offsets l..span, so it is one of the "suffix-padded" windows: p = 0..span
+# padded offsets (block p, d**(span−p) windows, in mixed-radix order of the
+# real tokens, offset 1 most significant). The query's window has
+# p_q = max(0, span − L) padded offsets.
+
+
+def sparse_window_blocks(d: int, span: int) -> np.ndarray:
+    """Start of block p (``p`` padded offsets) in the sparse windows' order,
+    ``p = 0..span+1`` (the last entry is the number of windows,
+    ``Σ_p d**(span−p)``)."""
+    return np.concatenate([[0], np.cumsum([d ** (span - p) for p in range(span + 1)])]).astype(np.int64)
+
+
+def sparse_windows(d: int, span: int) -> np.ndarray:
+    """Every window a sequence can show, ``(Σ_p d**(span−p), span)``, block by
+    block (:func:`sparse_window_blocks`); padding is symbol ``d``."""
+    blocks = []
+    for p in range(span + 1):
+        W = all_windows(d, span - p).reshape(d ** (span - p), span - p)
+        blocks.append(np.concatenate([W, np.full((W.shape[0], p), d, W.dtype)], axis=1))
+    return np.concatenate(blocks, axis=0)
+
+
+def sparse_query_block(d: int, span: int, L: int) -> tuple[int, int]:
+    """``(r0, r1)``: the query's windows are sparse windows ``r0..r1−1``
+    (block ``p_q = max(0, span − L)``)."""
+    b = sparse_window_blocks(d, span)
+    p = max(0, span - L)
+    return int(b[p]), int(b[p + 1])
+
+
+def sparse_window_index(X: Int[Array, " L"], span: int, d: int) -> Int[Array, " L1"]:
+    """Index among :func:`sparse_windows` of the window of every position
+    ``l = 1..L+1``."""
+    T = _shifted(X, span)  # (L+1, span), -1 for padding
+    p = jnp.sum(T < 0, axis=-1)  # padded offsets (a suffix of the window)
+    i = np.arange(span)[None, :]
+    real = i < (span - p)[:, None]
+    expo = jnp.where(real, span - p[:, None] - 1 - i, 0)
+    code = jnp.sum(jnp.where(real, T * jnp.asarray(d, T.dtype) ** expo, 0), axis=-1)
+    return jnp.asarray(sparse_window_blocks(d, span), T.dtype)[p] + code
+
+
+def _sparse_slots(x, span: int, d: int, U: int, r0: int, dtype):
+    """One sequence's (query row, key windows (U,), counts (d, U), number of distinct windows)."""
+    idx = sparse_window_index(x, span, d)
+    k = idx[:-1]
+    order = jnp.argsort(k, stable=True)
+    sk = k[order]
+    first = jnp.concatenate([jnp.ones((1,), bool), sk[1:] != sk[:-1]])
+    slot = jnp.zeros_like(k).at[order].set(jnp.cumsum(first) - 1)
+    keys = jnp.zeros((U,), k.dtype).at[slot].set(k, mode="drop")
+    counts = jnp.zeros((d, U), dtype).at[x, slot].add(1.0, mode="drop")
+    return idx[-1] - r0, keys, counts, jnp.sum(first)
+
+
+@eqx.filter_jit
+def _sparse_distinct(X, span: int, d: int):
+    return jax.vmap(lambda x: _sparse_slots(x, span, d, 1, 0, jnp.float32)[3])(X)
+
+
+@eqx.filter_jit
+def _sparse_build(X, cond, span: int, d: int, U: int, r0: int, dtype):
+    q, keys, counts, _ = jax.vmap(lambda x: _sparse_slots(x, span, d, U, r0, dtype))(X)
+    return SparseCountFeatures(X=X, G=keys, Gs=q, cond=cond.astype(dtype), counts=counts)
+
+
+def _sparse_features(X, cond, model, dtype):
+    """:class:`SparseCountFeatures`. ``U`` is the most distinct windows a
+    sequence of the sample holds when the tokens are concrete, else (under
+    a trace) its bound ``min(L, number of sparse windows)``."""
+    d, span, L = cond.shape[-1], model.span, X.shape[-1]
+    nK = int(sparse_window_blocks(d, span)[-1])
+    if isinstance(X, jax.core.Tracer):
+        U = min(L, nK)
+    else:
+        U = max(1, int(jnp.max(_sparse_distinct(X, span, d))))
+    return _sparse_build(X, cond, span, d, U, sparse_query_block(d, span, L)[0], dtype)
+
+
+def sparse_window_products(w: Float[Array, "H M"], model: ModelConfig, d: int, L: int):
+    """The w-dependent part of :func:`sparse_kappa_table`:
+    ``P[S, q, k] = Π_{h∈S} ⟨v^(h)(query window q), v^(h)(window k)⟩``
+    (``(|𝒮|, nQ, nK)``) and, for ``norm="layer"``, the self products
+    ``Ps[S, k] = Π_{h∈S} ‖v^(h)(window k)‖²`` (``(|𝒮|, nK)``, else ``None``);
+    ``v^(h)`` as in :func:`window_vectors` (``head_norm`` included)."""
+    V = _sparse_vectors(w, model, d)  # (H, nK, d)
+    r0, r1 = sparse_query_block(d, model.span, L)
+    inner = jnp.einsum("hqe,hke->hqk", V[:, r0:r1], V)  # (H, nQ, nK)
+    P = jnp.moveaxis(subset_products(jnp.moveaxis(inner, 0, -1), model.membership), -1, 0)
+    Ps = None
+    if model.norm == "layer":
+        Ps = subset_products(jnp.sum(V * V, -1).T, model.membership).T  # (nS, nK)
+    return P, Ps
+
+
+def kappa_from_sparse_products(C: Float[Array, " nS"], P, Ps, model: ModelConfig, r0: int):
+    """κ on (query window, sparse window) pairs from :func:`sparse_window_products`
+    (``r0``: the first query window, :func:`sparse_query_block`)."""
+    c = C**2
+    num = jnp.tensordot(c, P, axes=1)  # (nQ, nK)
+    if model.norm == "sum":
+        return num / c.sum()
+    sq = c @ Ps  # ‖φ‖² of every window
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq[r0 : r0 + num.shape[0], None] * sq[None, :], tiny))
+
+
+def _sparse_vectors(w, model: ModelConfig, d: int):
+    """``v^(h)`` of every sparse window, ``(H, nK, d)`` (as :func:`window_vectors`)."""
+    OH = jnp.asarray(sparse_windows(d, model.span)[:, :, None] == np.arange(d), w.dtype)  # (nK, span, d)
+    V = jnp.einsum("hj,kje->hke", copier_matrix(w, model), OH)
+    if model.head_norm:
+        V = V * head_norm_scale(jnp.sum(V * V, -1))[..., None]
+    return V
+
+
+def sparse_kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int, L: int):
+    """κ for every (query window, sparse window) pair, ``(nQ, nK)``: rows the
+    ``d**(span − p_q)`` query windows, columns the :func:`sparse_windows`.
+
+    The same numbers as :func:`kappa_from_sparse_products` of
+    :func:`sparse_window_products` (to rounding), written elementwise on the
+    ``(nQ, nK)`` grid so that XLA fuses it (with its Jacobian, for the
+    per-sequence gradients) into a few passes."""
+    V = _sparse_vectors(w, model, d)
+    r0, r1 = sparse_query_block(d, model.span, L)
+    Vq = V[:, r0:r1]
+    inner = [sum(Vq[h, :, None, e] * V[h, None, :, e] for e in range(d)) for h in range(model.H)]
+    c = C**2
+    num = 0.0
+    for r, S in enumerate(model.subsets):
+        t = c[r]
+        for h in S:
+            t = t * inner[h - 1]
+        num = num + t
+    if model.norm == "sum":
+        return jnp.broadcast_to(num / c.sum(), (r1 - r0, V.shape[1]))
+    n2 = jnp.sum(V * V, -1)  # (H, nK)
+    sq = 0.0
+    for r, S in enumerate(model.subsets):
+        t = c[r]
+        for h in S:
+            t = t * n2[h - 1]
+        sq = sq + t
+    sq = jnp.broadcast_to(sq, (V.shape[1],))
+    tiny = jnp.finfo(sq.dtype).tiny
+    return num / jnp.sqrt(jnp.maximum(sq[r0:r1, None] * sq[None, :], tiny))
 
 
 # ---------------------------------------------------------------------------
@@ -492,7 +681,7 @@ def products(w, G, Gs, model: ModelConfig):
 
 
 def kappa_from_products(C, P, Ps, model: ModelConfig) -> Float[Array, " L"]:
-    """The selector's normalised kernel κ_l (README §M2)."""
+    """The selector's normalised kernel κ_l (docs/theory/mathematics.md §M2)."""
     c = C**2
     num = P @ c
     if model.norm == "sum":
@@ -533,6 +722,6 @@ def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "d K"])
 
 def predict(params: Params, X: Int[Array, " L"], model: ModelConfig, d: int) -> Float[Array, " d"]:
     """ŷ for one raw sequence ``X = (x_1..x_L)`` from its match tensors (the
-    reference implementation of README §M2; the loss uses precomputed features)."""
+    reference implementation of docs/theory/mathematics.md §M2; the loss uses precomputed features)."""
     G, Gs = match_tensors(X, model.span, self_match=model.self_match, dtype=params.w.dtype)
     return predict_from_kappa(params.a, kappa(params, G, Gs, model), X, d)

@@ -1,4 +1,4 @@
-"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (README §M4–§M5).
+"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (docs/theory/mathematics.md §M4–§M5).
 
 :func:`integrate` runs a schedule and returns a :class:`~gflow.trajectory.Trajectory`:
 

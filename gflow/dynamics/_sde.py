@@ -1,4 +1,4 @@
-"""The diffusion limit of online SGD: its stochastic modified equation (extension; README §M8.6).
+"""The diffusion limit of online SGD: its stochastic modified equation (extension; docs/theory/mathematics.md §M8.6).
 
 ``dθ = −Λ ∇L̂_N(θ) dt + √(η/B) Λ Σ(θ)^{1/2} dW``  (Itô),
 
@@ -119,13 +119,14 @@ class _Terms(eqx.Module):
 
 
 @eqx.filter_jit
-def _solve(terms: _Terms, y0, key, t1, dt, ts, n_steps: int):
+def _solve(terms: _Terms, y0, key, t1, dt, ts, n_steps: int, progress: bool = False):
     bm = diffrax.VirtualBrownianTree(0.0, t1, tol=dt / 8, shape=y0.shape, key=key)
     term = diffrax.MultiTerm(diffrax.ODETerm(terms.drift), diffrax.ControlTerm(terms.diffusion, bm))
     sol = diffrax.diffeqsolve(
         term, diffrax.Euler(), 0.0, t1, dt, y0,
         saveat=diffrax.SaveAt(ts=ts), stepsize_controller=diffrax.ConstantStepSize(),
         max_steps=n_steps + 2, adjoint=diffrax.ForwardMode(),
+        progress_meter=diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter(),
     )  # fmt: skip
     return sol.ys
 
@@ -158,7 +159,7 @@ def _sde_settings(cfg: Config, sc: SDEConfig | None) -> SDEConfig:
 
 
 def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | None = None,
-        params0: Params | None = None) -> SGDRun:  # fmt: skip
+        params0: Params | None = None, progress: bool = False) -> SGDRun:  # fmt: skip
     """Integrate ``sde.seeds`` paths of the SME of ``config`` (module docstring) and
     return them as an :class:`~gflow.sgd.SGDRun` (``steps`` counts Euler–Maruyama steps;
     ``ts = steps·dt``).
@@ -167,6 +168,8 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     fixed sample whose ``L̂_N`` is the drift's and whose per-sequence gradients give Σ.
     `sde` defaults to ``SDEConfig()``, or with ``solver.method = "sde"`` to the
     configuration's own (:func:`sde_settings`), with which a given one must agree on η and t1.
+    `progress`: show diffrax's tqdm progress meter of the Euler–Maruyama solve (one bar per
+    group of at most 32 vmapped seeds), as ``solver.progress`` does for the flow.
     """
     t_wall = time.perf_counter()
     cfg, sc = config, _sde_settings(config, sde)
@@ -194,7 +197,7 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     base = jax.random.key(sc.seed)
     keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(sc.seeds))
     f64 = jnp.float64
-    one = lambda k: _solve(terms, y0, k, jnp.asarray(K * dt, f64), jnp.asarray(dt, f64), ts, K)
+    one = lambda k: _solve(terms, y0, k, jnp.asarray(K * dt, f64), jnp.asarray(dt, f64), ts, K, progress)
     # seeds vmapped in groups of 32 (the per-sequence gradients of every path at once would be R·N·|θ|)
     Y = np.asarray(jax.lax.map(one, keys, batch_size=min(sc.seeds, 32)))  # (R, T, P)
     flat = Y.reshape(-1, Y.shape[-1])

@@ -1,4 +1,4 @@
-"""Online stochastic gradient descent on the joint schedule (extension; README §M8.6).
+"""Online stochastic gradient descent on the joint schedule (extension; docs/theory/mathematics.md §M8.6).
 
 ``θ_{k+1} = θ_k − η Λ ∇L̂_{B,k}(θ_k)`` with ``Λ = diag(η_w, η_C, η_a)``
 (``config.schedule``) and ``L̂_{B,k}`` the mean loss of the k-th batch of ``B``
@@ -43,6 +43,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 
 from ..config import Config
 from ..core import (
@@ -328,7 +329,7 @@ def _settings(cfg: Config, sc: SGDConfig | None) -> SGDConfig:
 
 
 def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | None = None,
-        params0: Params | None = None) -> SGDRun:  # fmt: skip
+        params0: Params | None = None, progress: bool = False) -> SGDRun:  # fmt: skip
     """Run ``sgd.seeds`` independent SGD runs of ``sgd.steps`` steps (see the module
     docstring) and return their saved states.
 
@@ -343,6 +344,8 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
       on η and the steps).
     - `loss`: the fixed sample's ``L̂_N`` (default ``make_loss`` of the config).
     - `params0`: the initial θ (default: the paper's initialisation), shared by all seeds.
+    - `progress`: show a tqdm progress bar of the steps (updated at every saved step), as
+      ``solver.progress`` does for the flow. Default off.
     """
     t_wall = time.perf_counter()
     cfg, sc = config, _settings(config, sgd)
@@ -353,9 +356,15 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
     stepper = _make_stepper(cfg, sc, loss)
     ks = save_steps(sc.steps, sc.save_per_decade)
     saved = [P]
+    bar = tqdm.tqdm(total=int(sc.steps), desc="gflow.sgd", unit="step") if progress else None
     for k0, k1 in itertools.pairwise(ks):
         P = _advance(stepper, P, keys, jnp.asarray(int(k0)), jnp.asarray(int(k1)))
         saved.append(P)
+        if bar is not None:
+            jax.block_until_ready(P)
+            bar.update(int(k1) - int(k0))
+    if bar is not None:
+        bar.close()
     S = jax.device_get(jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *saved))  # (R, T, ...)
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), S)
     losses = np.asarray(_losses(loss, jax.tree.map(jnp.asarray, flat))).reshape(sc.seeds, len(ks))

@@ -1,4 +1,4 @@
-"""The compiled solve of one stage's decade (README §M4–§M5): the vector field,
+"""The compiled solve of one stage's decade (docs/theory/mathematics.md §M4–§M5): the vector field,
 its evaluation counters, the step-size controller carried across solves, the
 events (and the steady ending), the joint flow's log coordinates, the save
 grids, and one ``diffeqsolve``. :mod:`gflow.flow` drives it.

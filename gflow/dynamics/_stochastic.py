@@ -163,7 +163,7 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw) -> Traje
         what = (f"{sc.steps} steps of η = {sc.eta:g}, batch {sc.batch} ({sc.sampling})" if method == "sgd"
                 else f"Euler–Maruyama to t = {sc.t1:g} with dt = {sc.step:g}, η = {sc.eta:g}, B = {sc.batch}")
         print(f"  {method}: {sc.seeds} seeds, {what}", flush=True)  # fmt: skip
-    run = (sgd if method == "sgd" else sde)(cfg, sc, loss=loss, params0=params0)
+    run = (sgd if method == "sgd" else sde)(cfg, sc, loss=loss, params0=params0, progress=cfg.solver.progress)
     traj = stochastic_trajectory(cfg, run, loss, wall=time.perf_counter() - t_wall)
     bad = [r for r in range(traj.n_seeds) if not all(np.all(np.isfinite(traj.per_seed[k][r])) for k in ("w", "C", "a"))]
     error = None

@@ -67,7 +67,15 @@ import numpy as np
 
 from .._util import versions
 from ..config import Config, refuse_sgd
-from ..core import Params, PopulationLoss, init_params, make_loss, resolve_layout
+from ..core import (
+    Params,
+    PopulationLoss,
+    SparseCountFeatures,
+    init_params,
+    make_loss,
+    resolve_layout,
+    sparse_window_blocks,
+)
 from ..trajectory import StageRecord, Trajectory
 from ._flow import (
     FlowError,
@@ -97,12 +105,19 @@ def sample_bytes(config: Config) -> int:
     Counts layout: ``N·d·(d+1)^M`` window counts, plus the query code and
     ``π(·|z_q)`` (``N·(1 + d)`` numbers); positions layout: ``N·L·M²`` match
     numbers (``N·(L+1)·M²`` more with ``norm = "layer"``), the tokens and
-    ``π(·|z_q)``. In ``estimator.dtype`` (8 or 4 bytes; integers 8)."""
+    ``π(·|z_q)``; sparse layout: at most ``U = min(L, Σ_p d^(span−p))``
+    window slots (``d`` counts and a window each), the query window, the
+    tokens and ``π(·|z_q)``. ``M`` is the span (``H+M−1`` for shifted
+    windows). In ``estimator.dtype`` (8 or 4 bytes; integers 8)."""
     est, data, model = config.estimator, config.data, config.model
-    N, d, M, L = est.N, data.d, model.M, data.L
+    N, d, M, L = est.N, data.d, model.span, data.L
     item = 8 if est.dtype == "float64" else 4
-    if resolve_layout(est.layout, d, M) == "counts":
+    layout = resolve_layout(est.layout, d, M)
+    if layout == "counts":
         return N * (d * (d + 1) ** M * item + 8 + d * item)
+    if layout == "sparse":
+        U = min(L, int(sparse_window_blocks(d, M)[-1]))
+        return N * (U * (d * item + 8) + 8 + L * 8 + d * item)
     self_match = (L + 1) * M * M * item if model.norm == "layer" else 0
     return N * (L * M * M * item + self_match + L * 8 + d * item)
 
@@ -113,7 +128,21 @@ def sample_bytes(config: Config) -> int:
 
 
 def _stack(losses: list[PopulationLoss]) -> PopulationLoss:
-    """The losses stacked along a new leading axis (array leaves; the rest shared)."""
+    """The losses stacked along a new leading axis (array leaves; the rest shared).
+
+    Sparse-layout features hold as many window slots as their sample's
+    sequences need at most: every replicate's are padded to the largest
+    (unused slots: window 0, zero counts, which the loss ignores)."""
+    if isinstance(losses[0].feats, SparseCountFeatures):
+        U = max(L.feats.counts.shape[-1] for L in losses)
+
+        def pad(L):
+            f = L.feats
+            w = [(0, 0)] * (f.counts.ndim - 1) + [(0, U - f.counts.shape[-1])]
+            f = eqx.tree_at(lambda f: (f.G, f.counts), f, (jnp.pad(f.G, w[1:]), jnp.pad(f.counts, w)))
+            return eqx.tree_at(lambda L: L.feats, L, f)
+
+        losses = [pad(L) for L in losses]
     dyns, statics = zip(*(eqx.partition(L, eqx.is_array) for L in losses))
     if any(jax.tree.structure(d) != jax.tree.structure(dyns[0]) for d in dyns) or any(
         not eqx.tree_equal(s, statics[0]) for s in statics

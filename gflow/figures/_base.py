@@ -128,7 +128,7 @@ def _as_theory(theory):
 
 
 def stage3_law_of(traj: Trajectory, theory) -> StageIIILaw | None:
-    """The GIH law of the set Stage I selected (README §M8.1: Stage III follows the
+    """The GIH law of the set Stage I selected (docs/theory/mathematics.md §M8.1: Stage III follows the
     selected set), else of the theory's ``S*``."""
     theory = _as_theory(theory)
     if theory is None:

@@ -1,7 +1,7 @@
 """The panels of a run's figures (:mod:`gflow.plot`): the selector weights, the
 copier before and after, ``a`` against ``log τ`` with the fitted line on the
 validity window, and the measured ``∂ₜa·e^a`` against the GIH's ``F(a)·e^a``
-(README §M6.4, §M7).
+(docs/theory/mathematics.md §M6.4, §M7).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ._base import (
 def fit_a_log_tau(traj: Trajectory, theory: Theory | dict | None) -> dict | None:
     """Least-squares line ``a = slope·ln τ + intercept`` over the saved points of
     the stage in which ``a`` moves (Stage III, or the joint phase) whose ``a``
-    lies in the theory's validity window ``{F e^a ≥ C*/2}`` (README §M6.4; the
+    lies in the theory's validity window ``{F e^a ≥ C*/2}`` (docs/theory/mathematics.md §M6.4; the
     paper's ``∂ₜa ≍ e^{−a}`` gives slope 1). ``τ = t − t_III`` (``t`` for a
     joint run); points at ``τ = 0`` are left out.
 
@@ -75,7 +75,7 @@ def plot_c_frac(
     """``c_S/Σc`` against ``log τ`` for every ``S ∈ 𝒮`` (one line each, labelled
     by its offsets, ``"∅"``, ``"{1,2}"``), one panel per stage (`stages`: the
     names to draw, default all; see the module's note on time axes). The
-    theory's ``S* = argmax Ĩ`` (README §M6.1) is drawn thicker.
+    theory's ``S* = argmax Ĩ`` (docs/theory/mathematics.md §M6.1) is drawn thicker.
 
     `fig`: a ``Figure`` or ``SubFigure`` to draw into (default: a new one);
     `compact`: shorter titles and the legend inside, for :func:`plot_summary`.
@@ -145,7 +145,7 @@ def plot_copier(
     at saved indices `before` (default the start) and `after` (default the end),
     each cell annotated with its value, one colorbar on ``[0, 1]``. The cells
     ``s^(h)_h`` of the selected heads (Stage II's set, else ``S*``) are outlined
-    in red: Stage II drives them to 1 (README §M6.3).
+    in red: Stage II drives them to 1 (docs/theory/mathematics.md §M6.3).
     """
     from matplotlib.patches import Rectangle
 
@@ -297,7 +297,7 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
     stage where ``a`` moves, with ±1 SE bars from the gradient's Monte Carlo SE)
     against ``a``, with the theory's ``F(a)·e^a`` of the GIH and its ±1 SE band,
     ``C* = max F·e^a`` (and ``C*/2``), the validity window (shaded) and ``a*``
-    (README §M6.4)."""
+    (docs/theory/mathematics.md §M6.4)."""
     if ax is None:
         ax = new_figure(SIZE_SINGLE).subplots()
     seg = a_segment(traj)

@@ -1,4 +1,4 @@
-"""The figures of a run (README §M7).
+"""The figures of a run (docs/theory/mathematics.md §M7).
 
 One function per figure, each taking the :class:`~gflow.trajectory.Trajectory`
 and the theory (the :class:`gflow.theory.Theory`, or its JSON dict, or ``None``
@@ -88,7 +88,7 @@ _LADDER_LINES = {
 
 
 def _ladder_lines(ax, theory) -> None:
-    """The loss ladder's rungs (README §M8.3; the theory's ``ladder``, the dict
+    """The loss ladder's rungs (docs/theory/mathematics.md §M8.3; the theory's ``ladder``, the dict
     of :meth:`gflow.ladder.Ladder.to_json`) as horizontal lines; the GIH rung
     is the limit-loss line already drawn."""
     lad = theory.get("ladder") if isinstance(theory, dict) else getattr(theory, "ladder", None)
@@ -103,11 +103,11 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
     """The loss ``L̂`` with its ±1 SE band against ``log τ``, one panel per stage
     (shared y axis; `stages` selects them; see the module's note on time axes),
     with the GIH's limit loss ``inf_a L_GIH`` and its SE as a horizontal line in
-    every panel (README §M6.5), in the stage where ``a`` moves the GIH's loss
+    every panel (docs/theory/mathematics.md §M6.5), in the stage where ``a`` moves the GIH's loss
     ``L_GIH(a(τ))`` along the measured ``a``, and each stage's change of loss
     ``ΔL`` (from the previous stage's last state) in its panel's title; with
     ``theory["ladder"]``, the oracle, Bayes and unigram rungs as further
-    horizontal lines (README §M8.3)."""
+    horizontal lines (docs/theory/mathematics.md §M8.3)."""
     segs = stage_segments(traj, stages)
     fig = new_figure(SIZE_STAGES) if fig is None else fig
     axes = stage_axes(fig, segs, 0.4 if compact else 0.3)

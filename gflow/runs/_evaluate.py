@@ -1,4 +1,4 @@
-"""Evaluation off the training distribution (README §M8.4).
+"""Evaluation off the training distribution (docs/theory/mathematics.md §M8.4).
 
 ``gflow eval RUN --param data.L=25,50,100 [--param …]`` evaluates a run's
 final parameters θ on other data configurations — other ``L``, ``α``, parent
@@ -144,7 +144,7 @@ def evaluate(
     plot: bool = True,
     verbose: bool = False,
 ) -> EvalResult:
-    """Evaluate a run's final θ on other data configurations (README §M8.4).
+    """Evaluate a run's final θ on other data configurations (docs/theory/mathematics.md §M8.4).
 
     **Arguments:**
 

@@ -334,7 +334,7 @@ def check_run(
     theory: tuple | None = None,
     **kw,
 ) -> Report:
-    """Check the run saved in `out_dir` and write its report (README §M7).
+    """Check the run saved in `out_dir` and write its report (docs/theory/mathematics.md §M7).
 
     Loads the run (:func:`gflow.trajectory.load`; ``FileNotFoundError`` for a
     folder without a run), takes its theory from

@@ -1,23 +1,23 @@
 """Phase diagrams: where the paper's Stage I criterion and gflow's finite-size
 laws pick the same set, over a grid of one or two configuration fields
-(README §M8.2).
+(docs/theory/mathematics.md §M8.2).
 
 ``gflow phase [CONFIG] --param init.w_plus=log:1:10:10 --param data.L=lin:20:200:10
 --out DIR`` evaluates, at every point of the grid (the cross product of the
 fields' values, built and validated by :func:`gflow.sweep.sweep_points`
 before anything is computed — one code path with ``gflow sweep``):
 
-- **the paper's criterion** (README §M6.1): the Ĩ ranking over the prior
+- **the paper's criterion** (docs/theory/mathematics.md §M6.1): the Ĩ ranking over the prior
   (``n_pi`` kernels), ``S_star = argmax Ĩ``, its gap to the runner-up and the
   paired SE of the gap; ``Itilde_uncertain`` when the top two are within 3
   paired SE (or tie);
-- **the finite-size Stage I law** (README §M6.2): ``J(S)`` on the run's own
+- **the finite-size Stage I law** (docs/theory/mathematics.md §M6.2): ``J(S)`` on the run's own
   sample at the run's initial ``w``, ``argmax_J``, its gap and paired SE,
   ``J_uncertain`` (within 3 paired SE); ``rankings_agree`` (``S_star ==
   argmax_J``); the predicted Stage I duration ``stage1_duration`` (the
   linearised Stage I solved exactly,
-  :func:`gflow.theory.predicted_stage1_duration`; README §M8.1);
-- **the selected set's Stage III law** (README §M6.4, §M6.5): theory-only, the
+  :func:`gflow.theory.predicted_stage1_duration`; docs/theory/mathematics.md §M8.1);
+- **the selected set's Stage III law** (docs/theory/mathematics.md §M6.4, §M6.5): theory-only, the
   selected set is predicted to be ``argmax_J`` (the flow's Stage I follows J,
   not Ĩ), and ``C_star``, the window, ``a_star`` and ``limit_loss`` are the
   GIH's of that set; when it differs from ``S_star`` the GIH of ``S_star``
@@ -112,7 +112,7 @@ FLOW_COLUMNS = (
 # Samples kept between points (a grid with L varying fastest revisits each
 # sample once per value of the slow field); ~20 MB each at N = 10⁴, d = 3.
 _SAMPLES_KEPT = 12
-# Two rankings' top two within this many paired SEs: uncertain (README §M6.1).
+# Two rankings' top two within this many paired SEs: uncertain (docs/theory/mathematics.md §M6.1).
 _UNCERTAIN_SE = 3.0
 
 

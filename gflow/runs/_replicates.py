@@ -1,4 +1,4 @@
-"""Replicates: R independent Monte Carlo samples of one configuration (README §M5).
+"""Replicates: R independent Monte Carlo samples of one configuration (docs/theory/mathematics.md §M5).
 
 A run of gflow integrates the flow of ``L̂_N``, the loss on one sample of N
 sequences drawn once from ``estimator.seed`` (common random numbers). Its

@@ -1,4 +1,4 @@
-"""The generalized induction head (GIH) and its one-dimensional law (README
+"""The generalized induction head (GIH) and its one-dimensional law (docs/theory/mathematics.md
 §M6.4, §M6.5): the model's limit with a one-hot copier and the selector on one
 set ``S``, and the numerics on it (jitted force and loss, its landmarks ``C*``,
 the validity window, ``a*``, the limit loss, and the ODE ``da/dτ = λF(λa)``).
@@ -64,7 +64,7 @@ def _count_match_table(d: int, M: int, S) -> np.ndarray:
 
 
 def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"], Float[Array, "N d"]]:
-    """Match counts of the generalized induction head on offsets ``S`` (README §M6.4).
+    """Match counts of the generalized induction head on offsets ``S`` (docs/theory/mathematics.md §M6.4).
 
     ``N₁(e) = #{l ≤ L : x_{l-h} = x_{q-h} ∀ h ∈ S, x_l = e}`` (query ``q = L+1``;
     the zero padding ``x_j``, ``j ≤ 0``, never matches) and
@@ -96,7 +96,7 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
 
 
 class GIH(eqx.Module):
-    """The generalized induction head on a sample (README §M6.4; the paper's GIH,
+    """The generalized induction head on a sample (docs/theory/mathematics.md §M6.4; the paper's GIH,
     the model's limit with a one-hot copier and ``c = e_{S*}``).
 
     ``ŷ_e(a) = (e^a N₁(e) + N₀(e)) / (e^a N₁ + N₀) = r p₁(e) + (1 − r) p₀(e)``
@@ -172,7 +172,7 @@ class GIH(eqx.Module):
 
 
 def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: int | None = None) -> GIH:
-    """The GIH on offsets ``S`` for a sample (README §M6.4).
+    """The GIH on offsets ``S`` for a sample (docs/theory/mathematics.md §M6.4).
 
     `source` is a :class:`~gflow.loss.PopulationLoss` (its sample, ε and loss
     kind are used: the run's own common random numbers), or a
@@ -237,7 +237,7 @@ def _loss_mean_and_se(gih: GIH, a):
 
 @dataclasses.dataclass(frozen=True)
 class StageIIILaw:
-    """The GIH's one-dimensional law on a grid of ``a`` and its landmarks (README §M6.4, §6.5).
+    """The GIH's one-dimensional law on a grid of ``a`` and its landmarks (docs/theory/mathematics.md §M6.4, §6.5).
 
     Grid values (``(n_grid,)`` numpy arrays): `a`, `F` (``−dL_GIH/da``) and
     `F_se`, `Fexp` (``F e^a``) and `Fexp_se`, `L` (``L_GIH``) and `L_se`.
@@ -284,7 +284,7 @@ class StageIIILaw:
 
 
 def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601) -> StageIIILaw:
-    """``F(a) = −dL_GIH/da`` on a grid and its landmarks (README §M6.4: the paper's
+    """``F(a) = −dL_GIH/da`` on a grid and its landmarks (docs/theory/mathematics.md §M6.4: the paper's
     Stage III law ``∂_t a = F(a) ≍ e^{−a}``; the window, ``C*`` and ``a*`` are
     gflow's own definitions of where that law holds at finite L).
 
@@ -391,7 +391,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
 
 
 def limit_loss(gih: GIH, *, a=None, a_grid=None, a_max: float = 30.0, n_grid: int = 601) -> dict:
-    """The GIH's loss (README §M6.5): ``L_GIH(a)`` with its SE at a given `a`
+    """The GIH's loss (docs/theory/mathematics.md §M6.5): ``L_GIH(a)`` with its SE at a given `a`
     (``math.inf`` for the limit ``a → ∞``), or, with ``a=None``, its infimum
     ``inf_{a ≥ a_grid[0]} L_GIH(a)`` (see :func:`stage3_law`).
 

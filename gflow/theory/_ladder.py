@@ -1,4 +1,4 @@
-"""The loss ladder: how good a loss is, against baselines on the same sample (README §M8.3).
+"""The loss ladder: how good a loss is, against baselines on the same sample (docs/theory/mathematics.md §M8.3).
 
 Every rung is a predictor ``p ∈ Δ_d`` of the target ``x_{L+1}`` from the
 context ``X = (x_1, …, x_L)``, scored per sequence with the run's own loss
@@ -251,7 +251,7 @@ def loss_ladder(
     sample: Sample | None = None,
     pi_cond=None,
 ) -> Ladder:
-    """The ladder on `loss`'s sample (README §M8.3); see the module docstring.
+    """The ladder on `loss`'s sample (docs/theory/mathematics.md §M8.3); see the module docstring.
 
     **Arguments:**
 

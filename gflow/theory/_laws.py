@@ -1,5 +1,5 @@
 """Laws per model: what the flow obeys for every model and loss gflow accepts
-(README §M8.7; extension).
+(docs/theory/mathematics.md §M8.7; extension).
 
 Every law here states the model and loss options it was derived for
 (``gflow._theory_result.LAW_COVERAGE``): a report row built on a law that does not cover the run's
@@ -12,7 +12,7 @@ options must be undecided, never decided against another model's law.
   −η_C ∇_C L̂`` and ``c_S = C_S²``, ``d/dt log c_S = −2 η_C ∂_{C_S} L̂ / C_S``
   exactly, and ``≈ 2 a η_C ∂_{C_S} G / C_S`` to first order in ``a``. For
   ``norm="sum"`` ``G = Σ_S (c_S/Σc) J(S)`` and the rate differences are
-  ``4 a η_C (J(S) − J(S'))/‖C‖²`` (README §M6.2). For ``norm="layer"``
+  ``4 a η_C (J(S) − J(S'))/‖C‖²`` (docs/theory/mathematics.md §M6.2). For ``norm="layer"``
   ``κ_l = Σ_S c_S P_l(S)/√(Σ_S c_S Q_q(S) · Σ_S c_S Q_l(S))`` is not linear
   in ``c/Σc`` and the rates depend on the current ``c``. The selected set is
   predicted by integrating the small-``a`` flow ``dC/dτ = ∇_C G(C)``
@@ -23,7 +23,7 @@ options must be undecided, never decided against another model's law.
   run's ``(C, a)``. No rate law is derived for ``norm="layer"``: its Stage II
   rows are undecided.
 - **GIH**: with one-hot copiers and ``c = e_S`` both norms give the GIH model
-  (README §M6.4); at positions ``l ≤ max(S)`` (partial window, zero padding)
+  (docs/theory/mathematics.md §M6.4); at positions ``l ≤ max(S)`` (partial window, zero padding)
   ``Q_l(S) = 0`` and the code's floor makes ``κ_l = 0`` exactly as for
   ``norm="sum"``. For a copier that is only *near* one-hot, the layer-norm
   kernel there is the cosine of the partial windows, of order one (see
@@ -90,7 +90,7 @@ def _gain_per_sequence(loss: PopulationLoss, w, C):
 
 def selector_gain(loss: PopulationLoss, w, C) -> tuple[float, float]:
     """``G(c) = −∂L̂/∂a |_{a=0}`` at selector weights ``C`` (``c = C²``) and
-    copier ``w``, and its Monte Carlo SE (README §M8.7).
+    copier ``w``, and its Monte Carlo SE (docs/theory/mathematics.md §M8.7).
 
     At ``a = 0`` ŷ is the context's unigram ``u`` whatever θ, so
     ``L̂ = L₀ − a G(c) + O(a²)`` with, for the log loss,
@@ -105,7 +105,7 @@ def selector_gain(loss: PopulationLoss, w, C) -> tuple[float, float]:
 
 @dataclasses.dataclass(frozen=True)
 class SelectorRates:
-    """Stage I rates ``r_S = d/dt log c_S`` at one θ (README §M8.7).
+    """Stage I rates ``r_S = d/dt log c_S`` at one θ (docs/theory/mathematics.md §M8.7).
 
     - `sets`: 𝒮 in order; `rate`: ``η_C``; `a`: the classifier scale used.
     - `r`, `r_se`: ``(nS,)`` mean rates and SEs over sequences.
@@ -170,9 +170,9 @@ def _dG_per_sequence(loss: PopulationLoss, w, C):
 
 def stage1_rates_small_a(loss: PopulationLoss, w, C, a: float, *, rate: float = 1.0) -> SelectorRates:
     """Stage I rates to first order in ``a``: ``d/dt log c_S = 2 a η_C ∂_{C_S} G / C_S``
-    (README §M8.7). For ``norm="sum"``, ``G = Σ_S C_S² J(S)/‖C‖²`` gives
+    (docs/theory/mathematics.md §M8.7). For ``norm="sum"``, ``G = Σ_S C_S² J(S)/‖C‖²`` gives
     ``2∂_{C_S}G/C_S = 4 (J(S) − G)/‖C‖²``, so the differences are the paper's
-    linearisation ``4 a η_C (J(S) − J(S'))/‖C‖²`` (README §M6.2)."""
+    linearisation ``4 a η_C (J(S) − J(S'))/‖C‖²`` (docs/theory/mathematics.md §M6.2)."""
     C = np.asarray(C, np.float64)
     if np.any(C == 0):
         raise ValueError("stage1_rates_small_a: every C_S must be non-zero")
@@ -183,7 +183,7 @@ def stage1_rates_small_a(loss: PopulationLoss, w, C, a: float, *, rate: float = 
 
 @dataclasses.dataclass(frozen=True)
 class SelectionPrediction:
-    """The set the small-``a`` Stage I flow selects (README §M8.7).
+    """The set the small-``a`` Stage I flow selects (docs/theory/mathematics.md §M8.7).
 
     - `selected`: the set whose ``c_S/Σc`` reaches ``1 − δ`` (``None`` if
       none did by ``tau_max``); `c_frac`: ``c/Σc`` there.
@@ -271,7 +271,7 @@ class VertexGradient:
 
 
 def copier_vertex_gradient(loss: PopulationLoss, params: Params, selected, *, gap: float = 60.0) -> VertexGradient:
-    """:class:`VertexGradient` at the one-hot copier of `selected` (README §M8.7).
+    """:class:`VertexGradient` at the one-hot copier of `selected` (docs/theory/mathematics.md §M8.7).
 
     Computed with logits ``w^(h) = gap·e_h`` (``s_i = e^{−gap}``, so ``s_h``
     rounds to 1): ``∂L̂/∂w_i = s_i (∂L̂/∂s_i − Σ_j s_j ∂L̂/∂s_j)``, hence
@@ -349,7 +349,7 @@ def partial_window_kernel(X, S, l: int, M: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class GIHTail:
-    """``K = lim_{a→∞} e^a F(a)`` of the GIH (README §M8.7) with its SE.
+    """``K = lim_{a→∞} e^a F(a)`` of the GIH (docs/theory/mathematics.md §M8.7) with its SE.
 
     Per sequence with both ``N₁, N₀ > 0``: ``e^a r(1−r) → N₀/N₁``, so
     ``K_n = (N₀/N₁) Σ_e (π(e|z_q) − softmax(p₁)_e)(p₁(e) − p₀(e))`` for

@@ -1,4 +1,4 @@
-"""The typed results of :mod:`gflow.theory` and their JSON form (README §M6,
+"""The typed results of :mod:`gflow.theory` and their JSON form (docs/theory/mathematics.md §M6,
 §M8.1, §M8.7).
 
 - :class:`ChiSquaredRanking`, :class:`StageIRates`, :class:`Stage1Duration`,
@@ -6,7 +6,7 @@
 - :class:`Theory`: everything ``gflow theory`` computes for one configuration,
   with the GIH law of any number of sets (S*, argmax J, the set a run
   selected), ``to_json``/``from_json``.
-- **Coverage** (README §M8.7): every law records the model and loss options it
+- **Coverage** (docs/theory/mathematics.md §M8.7): every law records the model and loss options it
   was derived for (:data:`LAW_COVERAGE`); :func:`covers` says whether a run's
   configuration lies inside it.
 """
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------
-# What each law covers (README §M8.7)
+# What each law covers (docs/theory/mathematics.md §M8.7)
 # ---------------------------------------------------------------------------
 
 # The value an option has when the running gflow does not know it yet (options
@@ -72,7 +72,7 @@ LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     # a* and inf_a L_GIH as the flow's limit: for loss="log" (for ce_on_probs F may have
     # no finite zero and the infimum is then reached only as a → ∞)
     "gih_limit": {**_PAPER_MODEL, "estimator.loss": ("log",)},
-    # gflow.laws (README §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
+    # gflow.laws (docs/theory/mathematics.md §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
     # at t = 0 and the small-a flow of a·G, autodiff of the run's own loss: any model and loss
     "stage1_model": {},
     # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss)
@@ -140,7 +140,7 @@ def config_key(data, model, estimator, init, *, n_pi: int, pi_seed: int, eta_C: 
 
 @dataclasses.dataclass(frozen=True)
 class ChiSquaredRanking:
-    """The prior average of ``Ĩ`` and ``I_χ²`` over 𝒮 and its ranking (README §M6.1).
+    """The prior average of ``Ĩ`` and ``I_χ²`` over 𝒮 and its ranking (docs/theory/mathematics.md §M6.1).
 
     - `sets`: the sets of offsets, in 𝒮 order.
     - `Itilde`, `Itilde_se`: ``E_π Ĩ(S)`` and its Monte Carlo SE, ``(nS,)``.
@@ -173,7 +173,7 @@ class ChiSquaredRanking:
 
 @dataclasses.dataclass(frozen=True)
 class StageIRates:
-    """``J(S) = −∂L̂/∂a`` at ``a = 0``, ``c = e_S`` (README §M6.2).
+    """``J(S) = −∂L̂/∂a`` at ``a = 0``, ``c = e_S`` (docs/theory/mathematics.md §M6.2).
 
     - `sets`: the sets, in 𝒮 order.
     - `J`, `J_se`: the sample mean over sequences and its SE, ``(nS,)``.
@@ -191,7 +191,7 @@ class StageIRates:
 
 @dataclasses.dataclass(frozen=True)
 class Stage1Duration:
-    """The linearised Stage I's predicted duration (README §M8.1).
+    """The linearised Stage I's predicted duration (docs/theory/mathematics.md §M8.1).
 
     - `t`: the first time at which ``max_S c_S/Σc`` reaches ``1 − δ``
       (``math.inf`` if it never does; ``0.0`` if it starts there).
@@ -303,21 +303,21 @@ class Theory:
     - `config`: :func:`config_key` of the configuration it was computed for
       (what :func:`gflow.theory.load_or_compute` compares with a run's).
     - `sets`: 𝒮, in the model's order.
-    - `ranking`: the Ĩ ranking (:class:`ChiSquaredRanking`; README §M6.1), the
+    - `ranking`: the Ĩ ranking (:class:`ChiSquaredRanking`; docs/theory/mathematics.md §M6.1), the
       paper's claim ``S* = argmax Ĩ``.
     - `rates`: ``J(S)`` at the initial copier on the run's sample
-      (:class:`StageIRates`; README §M6.2), gflow's finite-size Stage I law.
+      (:class:`StageIRates`; docs/theory/mathematics.md §M6.2), gflow's finite-size Stage I law.
     - `a0`, `C0`, `eta_C`, `delta`: the initial ``a`` and ``C``, the selector's
       time scale and the Stage I event's ``δ``.
     - `duration`: the linearised Stage I's predicted duration
-      (:class:`Stage1Duration`; README §M8.1).
-    - `laws`: ``{S: StageIIILaw}``, the GIH law (README §M6.4, §M6.5) of every
+      (:class:`Stage1Duration`; docs/theory/mathematics.md §M8.1).
+    - `laws`: ``{S: StageIIILaw}``, the GIH law (docs/theory/mathematics.md §M6.4, §M6.5) of every
       set it was computed for: always ``S*`` and ``argmax J``; a run's selected
       set is added by :meth:`with_law`.
-    - `coverage`: ``{law name: {option: covered values}}`` (README §M8.7;
+    - `coverage`: ``{law name: {option: covered values}}`` (docs/theory/mathematics.md §M8.7;
       :data:`LAW_COVERAGE`).
     - `notes`, `timing`.
-    - `ladder`: the loss ladder of the sample without a flow rung (README §M8.3;
+    - `ladder`: the loss ladder of the sample without a flow rung (docs/theory/mathematics.md §M8.3;
       :meth:`gflow.ladder.Ladder.to_json`), or ``None``.
     """
 

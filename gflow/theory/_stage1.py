@@ -1,4 +1,4 @@
-"""Stage I in theory (README §M6.1, §M6.2, §M8.1), re-exported by :mod:`gflow.theory`:
+"""Stage I in theory (docs/theory/mathematics.md §M6.1, §M6.2, §M8.1), re-exported by :mod:`gflow.theory`:
 
 - the modified χ²-mutual information ``Ĩ(S)`` of one kernel (:func:`chi2_mi`) and its
   prior average with paired standard errors, the ranking of 𝒮 and ``S* = argmax Ĩ``
@@ -60,7 +60,7 @@ def _window_size(cfg: DataConfig, sets) -> int:
 def chi2_mi(
     pi: Float[Array, "K d"], cfg: DataConfig, sets
 ) -> tuple[Float[Array, " nS"], Float[Array, " nS"]]:
-    """Exact modified and ordinary χ²-mutual information of one kernel (README §M6.1).
+    """Exact modified and ordinary χ²-mutual information of one kernel (docs/theory/mathematics.md §M6.1).
 
     For a set of offsets ``S``, with ``μ`` the stationary law of the chain of
     ``π``, ``z = (x_{l-h})_{h∈S}`` and ``e = x_l``:
@@ -113,7 +113,7 @@ def _chi2_mi_batch(pis, cfg, sets):
 def modified_chi2_ranking(
     cfg: DataConfig, sets, *, n_pi: int = 2000, key: PRNGKeyArray | None = None
 ) -> ChiSquaredRanking:
-    """Rank 𝒮 by the prior average of the modified χ²-MI (README §M6.1; the paper's
+    """Rank 𝒮 by the prior average of the modified χ²-MI (docs/theory/mathematics.md §M6.1; the paper's
     prediction ``c(t)/Σc → e_{S*}``, ``S* = argmax_S E_π Ĩ(S)``).
 
     ``E_π Ĩ(S)`` is estimated by Monte Carlo over `n_pi` kernels drawn from the
@@ -125,7 +125,7 @@ def modified_chi2_ranking(
     a fixed kernel one evaluation is exact and every SE is 0.
 
     A ranking is a close call when ``Ĩ(first) − Ĩ(second) ≤ 3 SE_paired``
-    (gflow's own choice of 3; README §M6.1), exact ties (within relative
+    (gflow's own choice of 3; docs/theory/mathematics.md §M6.1), exact ties (within relative
     ``1e-9``) included.
     """
     sets = _as_sets(sets)
@@ -190,7 +190,7 @@ def _per_sequence_dloss_da(loss: PopulationLoss, w, Cs):
 
 def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> StageIRates:
     """Stage I rates ``J(S) := −∂L̂/∂a |_{a=0, c=e_S}`` at copier weights ``w``
-    (README §M6.2; gflow's own derivation, on the model itself).
+    (docs/theory/mathematics.md §M6.2; gflow's own derivation, on the model itself).
 
     Computed from ``loss`` (the run's :class:`~gflow.loss.PopulationLoss`, its
     own sample) with ``C`` one-hot on ``S`` (``C_S = 1``): one forward-mode
@@ -284,7 +284,7 @@ def _first_sublevel_time(x0: np.ndarray, v: np.ndarray, i: int, level: float) ->
 
 
 def predicted_stage1_duration(J, c0, a0: float, delta: float, *, eta_C: float = 1.0, sets=None) -> Stage1Duration:
-    """The time at which the linearised Stage I reaches its event (README §M8.1;
+    """The time at which the linearised Stage I reaches its event (docs/theory/mathematics.md §M8.1;
     gflow's own finite-size law, an extension of the paper's Stage I analysis).
 
     With ``w`` and ``a = a₀`` frozen and ``L̂ ≈ L₀ − a Σ_S (c_S/Σc) J(S)``

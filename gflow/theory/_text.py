@@ -98,7 +98,7 @@ def format_theory(theory) -> str:
 
 
 def _law_lines(s3: dict, role: str) -> list[str]:
-    """The lines of one GIH law (README §M6.4, §M6.5)."""
+    """The lines of one GIH law (docs/theory/mathematics.md §M6.4, §M6.5)."""
     out = []
     out.append("")
     a_grid = s3["curve"]["a"]

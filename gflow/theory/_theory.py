@@ -1,4 +1,4 @@
-"""What the flow is compared with: the theory of README §M6.
+"""What the flow is compared with: the theory of docs/theory/mathematics.md §M6.
 
 - **Stage I winner** (§6.1): the modified χ²-mutual information ``Ĩ(S)`` of
   every selectable set of offsets, exact per kernel, averaged over the prior by
@@ -15,7 +15,7 @@
   (:func:`predicted_stage1_duration`).
 - :func:`theory_report` gathers all of it into a typed :class:`Theory` (with
   ``to_json``/``from_json``; the GIH law of any set, and what each law covers,
-  README §M8.7), :func:`format_theory` prints it, and :func:`load_or_compute`
+  docs/theory/mathematics.md §M8.7), :func:`format_theory` prints it, and :func:`load_or_compute`
   is the one rule that decides whether a run folder's ``theory.json`` belongs
   to the run.
 
@@ -121,7 +121,7 @@ def theory_report(
     eta_C: float = 1.0,
     delta: float = 0.01,
 ) -> Theory:
-    """Every prediction of README §M6 and §M8.1 for one configuration, as a :class:`Theory`.
+    """Every prediction of docs/theory/mathematics.md §M6 and §M8.1 for one configuration, as a :class:`Theory`.
 
     - the Ĩ ranking of 𝒮 over `n_pi` prior kernels (key ``jax.random.key(pi_seed)``)
       with SEs and paired SEs, ``S*`` and the close-call flag (:func:`modified_chi2_ranking`);
@@ -132,7 +132,7 @@ def theory_report(
     - the GIH law (:func:`stage3_law` on ``[0, a_max]``, `n_grid` points) of ``S*``, of
       ``argmax J`` and of `S` if given, on the same sample.
 
-    - the loss ladder of the sample (README §M8.3: oracle, Bayes, the GIH of ``S*``
+    - the loss ladder of the sample (docs/theory/mathematics.md §M8.3: oracle, Bayes, the GIH of ``S*``
       at its best a, the context unigram; :func:`gflow.ladder.loss_ladder`).
 
     :meth:`Theory.to_json` is the JSON form (``theory.json``, ``gflow theory --json``).
@@ -187,7 +187,7 @@ def theory_report(
 
 
 def _ladder(loss, data_cfg, S, law, pi_cond) -> dict | None:
-    """The loss ladder of the sample (README §M8.3; :mod:`gflow.ladder`), the GIH
+    """The loss ladder of the sample (docs/theory/mathematics.md §M8.3; :mod:`gflow.ladder`), the GIH
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
     try:

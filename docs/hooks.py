@@ -1,0 +1,336 @@
+"""mkdocs hooks: the parts of the site generated from the code at build time, so that
+they cannot drift from it.
+
+- ``<!-- gflow:config-keys -->`` in a page becomes the table of every configuration key
+  (:func:`config_keys_markdown`): its type (the configuration's declared key types), its
+  default (``gflow.Config()``), the values it allows (found by handing the configuration
+  an out-of-range value and reading the error it raises) and its meaning (the config
+  classes' docstrings).
+- ``<!-- gflow:cli -->`` becomes ``gflow --help`` and every subcommand's ``--help``
+  (:func:`cli_markdown`), printed by the argparse parser itself.
+- every ``docs/examples/*.py`` (jupytext percent format) becomes a page
+  ``examples/<name>.md`` (:func:`render_example`): markdown cells as text, code cells as
+  code followed by what they printed and the figures they drew. The examples are executed
+  at build time at the tiny size (``GFLOW_EXAMPLE_SIZE=tiny`` unless set otherwise);
+  ``GFLOW_DOCS_EXECUTE=0`` renders them without running them.
+- the repository's ``figures/*.png`` are served as ``figures/`` of the site.
+- MathJax (the ``mathjax`` package on PyPI, a dependency of the ``docs`` extra) is copied
+  into the site, so the mathematics renders offline, with no request to a CDN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import io
+import os
+import re
+import tempfile
+import typing
+from pathlib import Path
+
+EXAMPLES = "examples"
+_COLUMNS = "100"  # the width the CLI reference is printed at
+
+
+# -- configuration keys -----------------------------------------------------------------
+
+
+def _docstring_fields(cls) -> dict[str, str]:
+    """``{field: text}`` from a class docstring's bullets ``- `a`, `b`: text``."""
+    out: dict[str, str] = {}
+    doc = cls.__doc__ or ""
+    bullets = re.split(r"\n\s*- (?=`)", "\n" + doc)
+    for b in bullets[1:]:
+        b = re.split(r"\n\s*\n", b)[0]  # a bullet ends at a blank line
+        head, _, text = b.partition(":")
+        names = re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", head)
+        text = " ".join(text.split())
+        text = text.replace("``", "`")
+        for n in names:
+            out[n] = text
+    return out
+
+
+def _probe_values(t_expected: str) -> list:
+    if t_expected.startswith("a string"):
+        return ["__not_a_value__"]
+    if "list of integers" in t_expected:
+        return [[0], [1, 1]]
+    if "list of finite numbers" in t_expected and "nested" not in t_expected:
+        return [[-1.0, -1.0, -1.0], [1.0]]
+    if "nested" in t_expected:
+        return [[[-1.0]]]
+    if t_expected.startswith("an integer"):
+        return [-1, 0]
+    if t_expected.startswith("a finite number"):
+        return [-1.0, 0.0]
+    return []
+
+
+def _allowed(sec: str, key: str, t_expected: str) -> str:
+    """What the configuration accepts, read from the error it raises for an out-of-range value."""
+    from gflow import config as C
+
+    for bad in _probe_values(t_expected):
+        try:
+            C.from_dict({sec: {key: bad}})
+        except ValueError as e:
+            m = re.search(r"must (?:be|have) (.*?)(?:, got |$)", str(e))
+            if m:
+                return m.group(1)
+    return "any value of its type"
+
+
+def _fmt_default(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "none"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, tuple):
+        return "[" + ", ".join(_fmt_default(x) for x in v) + "]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def config_keys() -> list[dict]:
+    """Every configuration key: ``{key, section, type, default, allowed, meaning}``."""
+    import gflow
+    from gflow import config as C
+
+    cfg = gflow.Config()
+    rows = []
+    docs = {sec: _docstring_fields(cls) for sec, cls in C._SECTIONS.items()}
+    for full, t in C._KEY_TYPES.items():
+        sec, key = full.split(".")
+        rows.append(
+            {
+                "key": full,
+                "section": sec,
+                "type": t.expected,
+                "default": _fmt_default(getattr(getattr(cfg, sec), key)),
+                "allowed": _allowed(sec, key, t.expected),
+                "meaning": docs[sec].get(key, ""),
+            }
+        )
+    return rows
+
+
+def config_keys_markdown() -> str:
+    out = []
+    sec = None
+    for r in config_keys():
+        if r["section"] != sec:
+            sec = r["section"]
+            out += ["", f"### `[{sec}]`", "", "| key | type | default | allowed | meaning |", "| --- | --- | --- | --- | --- |"]
+        out.append(
+            f"| `{r['key']}` | {_cell(r['type'])} | `{_cell(r['default'])}` | {_cell(r['allowed'])} | {_cell(r['meaning'])} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def cli_helps() -> dict[str, str]:
+    """``{"gflow": help, "gflow run": help, …}``: argparse's own ``--help`` texts."""
+    from gflow import cli
+
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = _COLUMNS
+    try:
+        p = cli._parser()
+        out = {"gflow": p.format_help()}
+        sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
+        for name, sp in sub.choices.items():
+            out[f"gflow {name}"] = sp.format_help()
+    finally:
+        if old is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = old
+    return out
+
+
+def cli_markdown() -> str:
+    out = []
+    for name, text in cli_helps().items():
+        anchor = name.replace(" ", "-")
+        out += [f"## `{name}` {{ #{anchor} }}", "", "```text", f"$ {name} --help", text.rstrip("\n"), "```", ""]
+    return "\n".join(out)
+
+
+# -- examples ----------------------------------------------------------------------------
+
+
+def split_cells(source: str) -> list[tuple[str, str]]:
+    """A jupytext percent-format script as ``[(kind, text)]``, kind ``"markdown"`` or ``"code"``."""
+    cells: list[tuple[str, list[str]]] = []
+    for line in source.splitlines():
+        m = re.match(r"^# %%(.*)$", line)
+        if m:
+            cells.append(("markdown" if "[markdown]" in m.group(1) else "code", []))
+        elif cells:
+            cells[-1][1].append(line)
+    out = []
+    for kind, lines in cells:
+        if kind == "markdown":
+            text = "\n".join(re.sub(r"^# ?", "", ln) for ln in lines).strip("\n")
+        else:
+            text = "\n".join(lines).strip("\n")
+        if text.strip():
+            out.append((kind, text))
+    return out
+
+
+def render_example(path: Path, *, execute: bool) -> tuple[str, dict[str, bytes]]:
+    """The page of one example and its figures ``{file name: PNG bytes}``."""
+    name = path.stem
+    cells = split_cells(path.read_text())
+    md: list[str] = []
+    images: dict[str, bytes] = {}
+    ns: dict = {"__name__": "__main__", "__file__": str(path)}
+    cwd = os.getcwd()
+    size = os.environ.get("GFLOW_EXAMPLE_SIZE", "tiny")
+    with tempfile.TemporaryDirectory() as tmp, _env("GFLOW_EXAMPLE_SIZE", size):
+        if execute:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            os.chdir(tmp)
+        try:
+            for kind, text in cells:
+                if kind == "markdown":
+                    md += [text, ""]
+                    continue
+                md += ["```python", text, "```", ""]
+                if not execute:
+                    continue
+                buf = io.StringIO()
+                # stderr (progress bars) is dropped: the page shows what the cell printed
+                with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
+                    exec(compile(text + "\n", str(path), "exec"), ns)
+                printed = buf.getvalue().rstrip()
+                if printed:
+                    md += ["```text", printed, "```", ""]
+                for num in plt.get_fignums():
+                    fig = plt.figure(num)
+                    png = io.BytesIO()
+                    fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
+                    plt.close(fig)
+                    fname = f"{name}-{len(images) + 1}.png"
+                    images[fname] = png.getvalue()
+                    md += [f"![figure {len(images)}]({fname})", ""]
+        finally:
+            os.chdir(cwd)
+    if execute:
+        note = f"*Rendered by running the script at `GFLOW_EXAMPLE_SIZE={size}` when the site was built.*"
+    else:
+        note = "*Rendered without running the script (`GFLOW_DOCS_EXECUTE=0`).*"
+    head = f"[Download the script]({path.name}): `python3 {path.name}` runs it (full size; `GFLOW_EXAMPLE_SIZE=tiny` for seconds). {note}\n"
+    first = md.index("") + 1 if "" in md else 0  # after the first markdown cell (the title and introduction)
+    return "\n".join([*md[:first], head, *md[first:]]), images
+
+
+@contextlib.contextmanager
+def _env(key: str, value: str):
+    old = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+# -- mkdocs events -----------------------------------------------------------------------
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    mj = importlib.resources.files("mathjax") / "static" / "mathjax" / "es5" / "tex-svg.js"
+    files.append(File.generated(config, "assets/mathjax/tex-svg.js", abs_src_path=str(mj)))
+    docs = Path(config["docs_dir"])
+    for png in sorted((docs.parent / "figures").glob("*.png")):  # the repository's committed figures
+        files.append(File.generated(config, f"figures/{png.name}", abs_src_path=str(png)))
+    execute = os.environ.get("GFLOW_DOCS_EXECUTE", "1") != "0"
+    for path in sorted((docs / EXAMPLES).glob("*.py")):
+        page, images = render_example(path, execute=execute)
+        files.append(File.generated(config, f"{EXAMPLES}/{path.stem}.md", content=page))
+        for fname, data in images.items():
+            files.append(File.generated(config, f"{EXAMPLES}/{fname}", content=data))
+    return files
+
+
+_MARKERS: dict[str, typing.Callable[[], str]] = {
+    "<!-- gflow:config-keys -->": config_keys_markdown,
+    "<!-- gflow:cli -->": cli_markdown,
+}
+
+
+_PROTECTED = re.compile(
+    r"(`+[^`]*`+"  # code spans
+    r"|\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)"  # math
+    r"|\]\([^)]*\)|<[^>]+>|\{[^}]*#[^}]*\}"  # link targets, HTML tags, attribute lists
+    r"|(?<![\w*\\])\*[^\s*][^*\n]*?(?<=[^\s*\\])\*(?![\w*]))"  # *italic* (opened after a space)
+)
+
+
+def escape_emphasis(markdown: str) -> str:
+    """Escape the ``_`` and the ``*`` after a symbol (``a*``, ``S*``) of plain text, which the
+    pages use as mathematical notation (``x_{l−i}``, ``C*/2``, a star after a one-letter symbol), never as emphasis: Python-Markdown
+    would otherwise italicise the text between two of them. Code, math, link targets, HTML,
+    mkdocstrings lines (``:::``) and ``**bold**`` are left alone."""
+    out: list[str] = []
+    para: list[str] = []  # a paragraph is escaped whole: a code span may run over two lines
+    fence, math = None, False
+
+    def flush():
+        if para:
+            parts = _PROTECTED.split("\n".join(para))
+            for i in range(0, len(parts), 2):  # the text between the protected pieces
+                t = re.sub(r"(?<!\\)_", r"\\_", parts[i])
+                # a star after a one-letter symbol or a bracket (a*, S*, C*/2, F(a)*): notation
+                parts[i] = re.sub(r"(?:(?<=(?<![\w\\])[A-Za-z])|(?<=[)\]}′']))\*(?!\*)", r"\\*", t)
+            out.append("".join(parts))
+            para.clear()
+
+    for line in markdown.split("\n"):
+        s = line.lstrip()
+        if fence:
+            fence = None if s.startswith(fence) else fence
+            out.append(line)
+        elif s.startswith(("```", "~~~")):
+            flush()
+            fence = s[:3]
+            out.append(line)
+        elif s.strip() == "$$":
+            flush()
+            math = not math
+            out.append(line)
+        elif math or s.startswith(":::") or not s.strip():
+            flush()
+            out.append(line)
+        else:
+            para.append(line)
+    flush()
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown, page, config, files):
+    for marker, make in _MARKERS.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, make())
+    return escape_emphasis(markdown)

@@ -1,0 +1,191 @@
+"""The documentation is tested: every Python block of the README and of docs/ runs (in
+order, one namespace per page, in a fresh folder), every worked example in
+docs/examples/ runs at the tiny size (at full size under ``-m slow``), and the pages
+generated at build time (configuration keys, command-line reference, API list) are
+checked against the code they come from.
+
+A block that must not run in the suite is preceded by the line
+``<!-- skip-test: <why> -->`` right above its opening fence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+import gflow
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
+SKIP = "<!-- skip-test:"
+
+_FENCE = re.compile(r"^(?P<before>.*\n)?```python\n(?P<code>.*?)^```", re.M | re.S)
+
+
+def python_blocks(text: str) -> list[tuple[str, bool]]:
+    """``[(code, skipped)]``: the ```python blocks of a markdown text, in order."""
+    out = []
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        if lines[i].rstrip("\n") == "```python":
+            skipped = i > 0 and lines[i - 1].strip().startswith(SKIP)
+            j = i + 1
+            while j < len(lines) and lines[j].rstrip("\n") != "```":
+                j += 1
+            out.append(("".join(lines[i + 1 : j]), skipped))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("gflow_docs_hooks", DOCS / "hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_python_blocks_found():
+    """The extraction finds the blocks (a regression would silently test nothing)."""
+    blocks = {p.name: python_blocks(p.read_text()) for p in PAGES}
+    assert len(blocks["README.md"]) >= 1
+    assert sum(len(b) for b in blocks.values()) >= 8
+    assert python_blocks("x\n```python\na = 1\n```\n<!-- skip-test: long -->\n```python\nb = 2\n```\n") == [
+        ("a = 1\n", False),
+        ("b = 2\n", True),
+    ]
+
+
+_WITH_BLOCKS = [p for p in PAGES if any(not s for _, s in python_blocks(p.read_text()))]
+
+
+@pytest.mark.parametrize("page", _WITH_BLOCKS, ids=[str(p.relative_to(ROOT)) for p in _WITH_BLOCKS])
+def test_python_blocks_run(page, tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "__main__"}
+    try:
+        for k, (code, skipped) in enumerate(python_blocks(page.read_text())):
+            if not skipped:
+                exec(compile(code, f"{page.relative_to(ROOT)} (python block {k + 1})", "exec"), ns)
+    finally:
+        plt.close("all")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_tiny(example, tmp_path, monkeypatch):
+    """Each worked example at the tiny size; the examples assert on their own results."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", "tiny")
+    try:
+        runpy.run_path(str(example), run_name="__main__")
+        assert plt.get_fignums(), f"{example.name} draws no figure"
+    finally:
+        plt.close("all")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_full(example, tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", "full")
+    try:
+        runpy.run_path(str(example), run_name="__main__")
+    finally:
+        plt.close("all")
+
+
+def test_examples_are_percent_scripts():
+    hooks = _hooks()
+    assert len(EXAMPLES) >= 5
+    for p in EXAMPLES:
+        cells = hooks.split_cells(p.read_text())
+        kinds = [k for k, _ in cells]
+        assert kinds[0] == "markdown" and "code" in kinds, p.name
+        assert "GFLOW_EXAMPLE_SIZE" in p.read_text(), p.name
+
+
+def test_config_reference_has_every_key():
+    """The generated configuration table: every declared key with its default, the
+    choices of every string key, and a meaning for each."""
+    from gflow import config as C
+
+    hooks = _hooks()
+    rows = {r["key"]: r for r in hooks.config_keys()}
+    assert set(rows) == set(C._KEY_TYPES)
+    assert rows["data.L"]["default"] == "100" and "integer" in rows["data.L"]["type"]
+    assert rows["estimator.layout"]["allowed"] == "one of ('auto', 'counts', 'positions', 'heads')"
+    assert rows["model.D"]["allowed"].startswith("an integer in [0, H=3]")
+    assert all(r["meaning"] for r in rows.values()), [k for k, r in rows.items() if not r["meaning"]]
+    md = hooks.config_keys_markdown()
+    assert all(f"`{k}`" in md for k in C._KEY_TYPES)
+
+
+def test_cli_reference_is_the_help(capsys, monkeypatch):
+    """The command-line page holds, verbatim, what ``gflow … --help`` prints."""
+    from gflow import cli
+
+    hooks = _hooks()
+    md = hooks.cli_markdown()
+    monkeypatch.setenv("COLUMNS", hooks._COLUMNS)
+    commands = [k.split(" ", 1)[1] for k in hooks.cli_helps() if " " in k]
+    assert {"run", "theory", "check", "sweep", "phase", "phase-merge", "eval", "plot"} <= set(commands)
+    for argv in ([], *([c] for c in commands)):
+        with pytest.raises(SystemExit) as e:
+            cli.main([*argv, "--help"])
+        assert e.value.code == 0
+        printed = capsys.readouterr().out
+        assert printed.rstrip("\n") in md, argv
+
+
+def test_api_reference_lists_every_public_name():
+    src = (ROOT / "gflow" / "__init__.py").read_text()
+    names = set(re.findall(r"import (\w+) as \1", src))
+    page = (DOCS / "reference" / "api.md").read_text()
+    listed = set(re.findall(r"^::: gflow\.(\w+)$", page, re.M))
+    assert names <= listed, sorted(names - listed)
+    assert all(hasattr(gflow, n) for n in listed)
+
+
+def test_mathematics_keeps_the_anchors_the_code_cites():
+    """Every §M anchor cited in gflow/ exists on the mathematics page."""
+    cited = set()
+    for f in (ROOT / "gflow").rglob("*.py"):
+        cited |= set(re.findall(r"§(M\d(?:\.\d)?)", f.read_text()))
+    page = (DOCS / "theory" / "mathematics.md").read_text()
+    anchors = set(re.findall(r"\{ #(M\d(?:\.\d)?) \}", page))
+    assert cited and cited <= anchors, sorted(cited - anchors)
+
+
+def test_notation_is_not_emphasis():
+    """``x_{l−i}`` and ``a*`` are notation on the pages, not emphasis; code, math, links,
+    ``**bold**``, ``*italic*`` and mkdocstrings lines stay as written."""
+    hooks = _hooks()
+    src = "s^(h)_i e(x_{l−i}), C*/2, a* and S*; *extension*, **Bold** `a_b` $x_1$ [l](a_b.md)\n::: gflow.run_phase"
+    assert hooks.escape_emphasis(src) == (
+        "s^(h)\\_i e(x\\_{l−i}), C\\*/2, a\\* and S\\*; *extension*, **Bold** `a_b` $x_1$ [l](a_b.md)\n::: gflow.run_phase"
+    )
+    fenced = "```python\nx_1 = a*b\n```"
+    assert hooks.escape_emphasis(fenced) == fenced
