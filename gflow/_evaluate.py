@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import time
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._io import atomic_savefig, atomic_write_text
 from .data import sample as draw_sample
 from .ladder import RUNGS, Ladder, loss_ladder
 from .loss import PopulationLoss, resolve_layout
@@ -235,11 +237,12 @@ def _cell(v):
 
 def _write_csv(res: EvalResult, path: Path) -> Path:
     cols = list(res.rows[0].keys())
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for r in res.rows:
-            w.writerow([_cell(r[c]) for c in cols])
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(cols)
+    for r in res.rows:
+        w.writerow([_cell(r[c]) for c in cols])
+    atomic_write_text(path, fh.getvalue())
     return path
 
 
@@ -265,7 +268,7 @@ def _write_json(res: EvalResult, traj: Trajectory, path: Path) -> Path:
         ],
         "wall_s": res.wall,
     }  # fmt: skip
-    path.write_text(json.dumps(obj, indent=1, ensure_ascii=False, default=str))
+    atomic_write_text(path, json.dumps(obj, indent=1, ensure_ascii=False, default=str))
     return path
 
 
@@ -321,6 +324,6 @@ def plot_eval(res: EvalResult, path: str | Path) -> Path:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -59,8 +59,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     ``os.replace``: a reader never sees a half-written file."""
     path = Path(path)
     tmp = _temporary(path)
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_npz(path: str | Path, **arrays) -> None:
@@ -68,8 +71,26 @@ def atomic_write_npz(path: str | Path, **arrays) -> None:
     file in the same folder and ``os.replace``, as :func:`atomic_write_text`."""
     path = Path(path)
     tmp = _temporary(path)
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_savefig(fig, path: str | Path, **kw) -> Path:
+    """``fig.savefig`` to `path` through a temporary file in the same folder and ``os.replace``, as
+    :func:`atomic_write_text`: a process killed while drawing leaves the previous file or none, never
+    a truncated one. The format is `path`'s suffix (given explicitly: the temporary name ends in
+    ``.tmp.png``, which matplotlib would read as well)."""
+    path = Path(path)
+    tmp = _temporary(path)
+    try:
+        fig.savefig(tmp, format=kw.pop("format", path.suffix.lstrip(".") or None), **kw)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def remove_temporaries(folder: str | Path, *names: str) -> None:
@@ -78,7 +99,7 @@ def remove_temporaries(folder: str | Path, *names: str) -> None:
     folder = Path(folder)
     for name in names:
         p = folder / name
-        for stale in folder.glob(f".{p.stem}.*.tmp{p.suffix}"):
+        for stale in p.parent.glob(f".{p.stem}.*.tmp{p.suffix}"):
             stale.unlink(missing_ok=True)
 
 

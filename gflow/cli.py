@@ -29,9 +29,19 @@ the report's gflow verdict passes; the paper's may fail, that is a result);
 finite/exact theory, e.g. a non-finite trajectory); :data:`EXIT_INPUT` 2 bad
 input (configuration, usage, output location, a corrupt, foreign or locked
 run folder), reported before any compute; :data:`EXIT_FAILED` 3 the
-integration failed (the partial trajectory is kept); :data:`EXIT_INTERRUPTED`
-130 interrupted by SIGINT (the run is saved as "interrupted": ``--resume``
-continues it).
+integration failed (the partial trajectory is kept); :data:`EXIT_UNEXPECTED` 4
+an unexpected error (an exception gflow does not handle: a bug, or a resource
+the preflight did not foresee): one line on stderr, the traceback appended to
+the run folder's ``gflow.log`` (or a temporary file, named), and a run that
+was ``running`` marked ``failed`` (``--resume`` continues it);
+:data:`EXIT_INTERRUPTED` 130 interrupted by SIGINT (the run is saved as
+"interrupted": ``--resume`` continues it).
+
+Before any compute, ``run`` and ``theory`` estimate the memory the
+configuration needs and refuse it (exit 2, naming the keys and the estimate)
+when it exceeds the memory available (:mod:`gflow._preflight`;
+``GFLOW_MAX_MEMORY=64G`` sets the budget, ``GFLOW_MAX_MEMORY=none`` turns the
+check off). ``gflow run --dry-run`` stops after these checks.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ EXIT_OK = 0
 EXIT_VERDICT = 1
 EXIT_INPUT = 2
 EXIT_FAILED = 3
+EXIT_UNEXPECTED = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -76,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         "--replicates-batch", type=int, metavar="B",
         help="with --replicates: integrate B replicates at a time, vmapped (default: all R if their samples "
         "fit in 2 GiB, else as many as fit; 1: one after another)",
+    )  # fmt: skip
+    r.add_argument(
+        "--dry-run", action="store_true",
+        help="check the configuration, the output folder and the memory estimate, print them, and stop",
     )  # fmt: skip
 
     t = sub.add_parser("theory", help="the theory's predictions for a configuration")
@@ -220,8 +235,73 @@ def main(argv: list[str] | None = None) -> int:
         tail = f"; the run saved in {where!r} is marked 'interrupted': continue it with --resume" if where else ""
         print(f"gflow {args.cmd}: interrupted{tail}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:  # anything gflow's own handling did not catch: exit 4, never a traceback
+        return _unexpected(args, e)
     finally:
-        restore()
+        with contextlib.suppress(Exception):
+            restore()
+
+
+def _folder_of(args) -> Path | None:
+    """The folder a command writes (its log's home), if it names one."""
+    where = getattr(args, "out", None) if args.cmd in ("run", "sweep", "phase", "phase-merge") else None
+    where = where or getattr(args, "dir", None)
+    return None if where is None else Path(where)
+
+
+def _unexpected(args, e: BaseException) -> int:
+    """Exit :data:`EXIT_UNEXPECTED`: one line on stderr, the traceback appended to the folder's
+    ``gflow.log`` (a temporary file when there is no folder), and every run of the folder left
+    ``running`` marked ``failed`` (resumable)."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(e))
+    folder = _folder_of(args)
+    log = None
+    try:
+        if folder is not None and folder.is_dir():
+            log = folder / "gflow.log"
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} gflow {args.cmd} (pid {os.getpid()})\n{text}")
+        else:
+            fd, name = tempfile.mkstemp(prefix="gflow-", suffix=".log")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            log = Path(name)
+    except OSError:
+        log = None
+    marked = _mark_failed(folder, e) if folder is not None else []
+    what = " ".join(f"{type(e).__name__}: {e}".split())
+    if len(what) > 300:
+        what = what[:297] + "..."
+    tail = f"; the traceback is in {str(log)!r}" if log else ""
+    if marked:
+        tail += f"; {', '.join(repr(str(m)) for m in marked)} marked 'failed': continue with --resume"
+    print(f"gflow {args.cmd}: unexpected error (exit {EXIT_UNEXPECTED}): {what}{tail}", file=sys.stderr)
+    return EXIT_UNEXPECTED
+
+
+def _mark_failed(folder: Path, e: BaseException) -> list[Path]:
+    """Mark every run under `folder` (itself, ``rep*``) whose snapshot says ``running`` as
+    ``failed: unexpected …`` (under its lock; a folder another process holds is left alone)."""
+    from .trajectory import load, lock, save
+
+    done = []
+    cands = [folder, *sorted(folder.glob("rep[0-9]*"))] if folder.is_dir() else []
+    for d in cands:
+        try:
+            if not (d / "trajectory.npz").is_file():
+                continue
+            with lock(d):
+                traj = load(d)
+                if traj.status == "running":
+                    traj.status = f"failed: unexpected {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                    save(traj, d)
+                    done.append(d)
+        except Exception:  # a folder that cannot be marked stays as it is  # noqa: BLE001
+            continue
+    return done
 
 
 def _dispatch(args) -> int:
@@ -229,26 +309,76 @@ def _dispatch(args) -> int:
     return globals()["_cmd_" + args.cmd.replace("-", "_")](args)
 
 
+def _saved_config(out: Path, replicates: bool):
+    """``--resume`` without a configuration: the configuration saved in `out` (replicates: in
+    ``out/rep000``, whose seed is the base seed), or ``None`` when `out` holds no run."""
+    from .trajectory import load
+
+    d = out / "rep000" if replicates else out
+    if (d / "trajectory.npz").is_file() or (d / "run.json").is_file():
+        return load(d).config
+    return None
+
+
 def _cmd_run(args) -> int:
-    from .config import load_config, refuse_sgd, warnings_for
+    from ._preflight import fmt_bytes, preflight
+    from .config import LIMITS, load_config, refuse_sgd, warnings_for
     from .trajectory import check_output, lock
 
-    cfg = load_config(args.config)
+    out = Path(args.out)
+    cfg = None
+    if args.resume and args.config is None:  # resume from the folder: its saved configuration
+        cfg = _saved_config(out, args.replicates is not None)
+    cfg = load_config(args.config) if cfg is None else cfg
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
-    out = Path(args.out)
     refuse_sgd(cfg, "gflow run")  # before any output folder is touched
-    if args.replicates is not None:
-        return _run_replicates(args, cfg, out)
-    if args.replicates_batch is not None:
-        raise ValueError("--replicates-batch needs --replicates R")
     if args.resume and args.overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
+    batch = 1
+    if args.replicates is not None:
+        R = args.replicates
+        top = LIMITS["estimator.seed"][1]
+        if not 1 <= R <= 10**5 or cfg.estimator.seed + R - 1 > top:
+            raise ValueError(f"--replicates must be in [1, 100000] with estimator.seed + R - 1 <= {top}, got R = {R}")
+        from .replicates import default_batch
+
+        B = args.replicates_batch
+        if B is not None and not 1 <= B <= R:
+            raise ValueError(f"--replicates-batch must be in [1, R = {R}], got {B}")
+        batch = B if B is not None else default_batch(cfg, R)
+    elif args.replicates_batch is not None:
+        raise ValueError("--replicates-batch needs --replicates R")
+    need, avail, where = preflight(cfg, replicates=batch)  # before any compute or folder
+    if args.dry_run:
+        check_output_dry(out)
+        room = "no limit" if avail is None else f"{fmt_bytes(avail)} available ({where})"
+        print(f"gflow run: dry run: configuration valid; memory estimate {fmt_bytes(need)}"
+              f"{f' ({batch} replicates at once)' if batch > 1 else ''}, {room}; output {str(out)!r}")  # fmt: skip
+        return EXIT_OK
+    if args.replicates is not None:
+        return _run_replicates(args, cfg, out)
     for w in warnings_for(cfg):
         print(f"gflow run: warning: {w}", file=sys.stderr)
     check_output(out)  # before any compute: a file, under a file, read-only
     with lock(out):  # held through the run, its report and its figures
         return _run(args, cfg, out)
+
+
+def check_output_dry(out: Path) -> None:
+    """:func:`gflow.trajectory.check_output` without creating anything: `out` is a folder or can be
+    one (no part of its path is a file; its first existing parent is writable)."""
+    from .trajectory import RunFolderError
+
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"{str(out)!r}: is a file, not a folder: --out must name a folder")
+    p = out
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise RunFolderError(f"{str(out)!r}: lies under {str(p)!r}, which is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{str(p)!r}: is not writable: cannot write the run there")
 
 
 def _run(args, cfg, out: Path) -> int:
@@ -280,10 +410,14 @@ def _run(args, cfg, out: Path) -> int:
 
 
 def _cmd_theory(args) -> int:
+    from ._preflight import preflight
     from .config import load_config
     from .theory import format_theory, theory_report
 
+    if not 1 <= args.n_pi <= 10**7:
+        raise ValueError(f"--n-pi must be an integer in [1, 10000000], got {args.n_pi}")
     cfg = load_config(args.config)
+    preflight(cfg, n_pi=args.n_pi)  # before any compute
     sc = cfg.schedule
     rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
     print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
@@ -295,12 +429,15 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    from ._preflight import preflight
     from .config import load_config
-    from .sweep import run_sweep
+    from .sweep import run_sweep, sweep_points
 
     cfg = load_config(args.config)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
+    for _, point in sweep_points(cfg, args.param):  # every point's memory, before any compute
+        preflight(point)
     out = Path(args.out)
     if not args.quiet:
         print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._io import atomic_savefig
 from ._plot_base import (
     _FORMATS,
     _SIZE_STAGES,
@@ -304,6 +305,6 @@ def plot_run(
     paths = []
     for name, make in _FIGURES.items():
         p = figdir / f"{name}.{fmt}"
-        make(traj, theory).savefig(p, dpi=DPI)
+        atomic_savefig(make(traj, theory), p, dpi=DPI)  # a kill while drawing leaves no truncated figure
         paths.append(p)
     return paths

@@ -355,7 +355,7 @@ def run_sweep(
                 "resume them (resume=True, `gflow sweep --resume`) or choose another --out"
             )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps({
+    atomic_write_text(out / "sweep.json", json.dumps({
         "fields": fields,
         "base_config": config.to_dict(),
         "points": [{"dir": d.name, **{f: p[f] for f in fields}} for d, (p, _) in zip(dirs, points)],
