@@ -463,8 +463,10 @@ def _kernel_problem(v) -> str | None:
 
 def _check_int(name: str, v) -> None:
     lo, hi = LIMITS[name]
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {_short(v)}")
+    if v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {_short(v)}")
+    if v > hi:
+        raise ValueError(f"{name} must be an integer <= {hi} (gflow's bound on it, gflow.config.LIMITS), got {_short(v)}")
 
 
 def _check_limits(d: dict) -> None:

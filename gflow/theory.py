@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 
 import jax
@@ -81,6 +82,7 @@ __all__ = [
     "make_gih",
     "modified_chi2_ranking",
     "predicted_stage1_duration",
+    "save_theory",
     "selected_set",
     "stage1_rates",
     "stage3_law",
@@ -251,6 +253,10 @@ def load_or_compute(
     configuration, or `loss`). The selected set's law is added when missing.
     With `write` the file is (re)written atomically when anything changed.
 
+    The file carries the SHA-256 of its content (:func:`theory_digest`; its key is part of it): a
+    file whose checksum does not match (edited, damaged, or from before checksums) is recomputed,
+    never trusted, with a one-line note on stderr.
+
     **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
     """
     from pathlib import Path
@@ -269,10 +275,16 @@ def load_or_compute(
     theory, how = None, "computed"
     if reuse and path.is_file():
         try:
-            th = Theory.from_json(json.loads(path.read_text()))
-            if jsonable(th.config) == key:
-                theory, how = th, "reused"
-        except (json.JSONDecodeError, OSError, ValueError):
+            d = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(d, dict) or d.pop("sha256", None) != theory_digest(d):
+                # edited, damaged or written before checksums: never trusted
+                print(f"gflow: note: {str(path)!r} does not match its checksum: the theory is recomputed",
+                      file=sys.stderr)  # fmt: skip
+            else:
+                th = Theory.from_json(d)
+                if jsonable(th.config) == key:
+                    theory, how = th, "reused"
+        except Exception:  # any unreadable or malformed file: recomputed, never trusted  # noqa: BLE001
             theory = None
     needs_loss = theory is None or selected_set(traj) not in (None, *theory.laws)
     if needs_loss and loss is None:
@@ -286,5 +298,23 @@ def load_or_compute(
         theory = theory.with_law(loss, sel)
         how = "reused, law added" if how == "reused" else how
     if write and how != "reused":
-        atomic_write_json(path, theory.to_json())
+        save_theory(path, theory)
     return theory, how
+
+
+def save_theory(path, theory: Theory | dict) -> None:
+    """Write ``theory.json`` (a :class:`Theory` or its JSON dict) atomically, with its checksum
+    (:func:`theory_digest`), as :func:`load_or_compute` reads it."""
+    d = jsonable(theory.to_json() if isinstance(theory, Theory) else dict(theory))
+    d.pop("sha256", None)
+    d["sha256"] = theory_digest(d)
+    atomic_write_json(path, d)
+
+
+def theory_digest(d: dict) -> str:
+    """The checksum ``theory.json`` carries: SHA-256 of its content (every key but ``"sha256"``,
+    which holds the run's key in ``"config"``), serialized canonically (sorted keys)."""
+    import hashlib
+
+    body = {k: v for k, v in d.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(jsonable(body), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
