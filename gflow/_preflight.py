@@ -189,7 +189,8 @@ def preflight(cfg: Config, *, replicates: int = 1, n_pi: int = 0) -> tuple[int, 
     total = sum(p.bytes for p in parts)
     avail, where = available()
     if avail is not None and total > avail:
-        big = [p for p in parts if p.bytes * 4 >= parts[0].bytes and p.keys][:3]
+        sized = [p for p in parts if p.keys]  # the parts the configuration can change
+        big = [p for p in sized if p.bytes * 4 >= sized[0].bytes][:3]
         keys = list(dict.fromkeys(k for p in big for k in p.keys))
         what = "; ".join(f"{p.name}: {fmt_bytes(p.bytes)}" for p in big)
         rep = f" for {replicates} replicates at once" if replicates > 1 else ""

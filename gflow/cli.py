@@ -221,9 +221,14 @@ def _enable_compilation_cache() -> Callable[[], None]:
     return restore
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; returns its exit code (module docstring). Usage errors exit 2 (argparse)."""
-    args = _parser().parse_args(argv)
+    global _PARSER
+    _PARSER = _PARSER or _parser()  # built once per process (in-process callers run many commands)
+    args = _PARSER.parse_args(argv)
     restore = _enable_compilation_cache()
     try:
         return _dispatch(args)
@@ -387,8 +392,10 @@ def _run(args, cfg, out: Path) -> int:
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
     t0 = time.perf_counter()
+    outputs = _outputs(args)
     try:
-        traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
+        traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet,
+                         outputs=outputs)  # fmt: skip
     except FlowError as e:
         print(f"gflow run: error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -404,9 +411,41 @@ def _run(args, cfg, out: Path) -> int:
         ok = _check(out, quiet=args.quiet)
     elif not args.no_plot:
         _plot(out, out / "figures", args.format, quiet=args.quiet)
+    if outputs:
+        from .trajectory import lock, record_outputs
+
+        with lock(out):
+            status, missing = record_outputs(out, outputs)  # written last: the run is complete
+        if missing:
+            print(f"gflow run: the run is not complete: {', '.join(missing)} not written whole", file=sys.stderr)
     if not ok:
         print(f"gflow run: the check report's verdict fails (see {out / 'report.md'})", file=sys.stderr)
     return EXIT_OK if ok else EXIT_VERDICT
+
+
+def _outputs(args) -> list[str]:
+    """The files ``gflow run`` writes after the integration (its manifest, README "Run folders")."""
+    from .trajectory import _FIGURE_NAMES
+
+    names = [] if args.no_check else ["theory.json", "report.json", "report.md"]
+    if not args.no_plot:
+        names += [f"figures/{n}.{args.format}" for n in _FIGURE_NAMES]
+    return names
+
+
+def _record(out: Path, paths, cmd: str, quiet: bool) -> None:
+    """Record files a command (re)wrote in the run's manifest (:func:`gflow.trajectory.record_outputs`);
+    say whether that completed the run."""
+    from .trajectory import WRITING, load, record_outputs
+
+    before = load(out).status
+    rel = [os.path.relpath(os.path.realpath(p), os.path.realpath(out)) for p in paths]
+    status, missing = record_outputs(out, rel)
+    if status == "complete" and before == WRITING and not quiet:
+        print(f"gflow {cmd}: the run in {str(out)!r} is complete (every file it lists is whole)")
+    elif missing:
+        print(f"gflow {cmd}: the run in {str(out)!r} is not complete yet: {', '.join(missing)} missing or damaged "
+              f"(gflow check writes the report, gflow plot the figures)", file=sys.stderr)  # fmt: skip
 
 
 def _cmd_theory(args) -> int:
@@ -510,6 +549,7 @@ def _check(out: Path, *, quiet: bool) -> bool:
         load(out)  # not a folder: one clear error, nothing created
     with lock(out):
         rep = check_run(out)  # reads the run first: a corrupt or foreign folder is one clear error
+        _record(out, [out / "theory.json", out / "report.json", out / "report.md"], "check", quiet)
     return _print_verdict(rep, quiet)
 
 
@@ -566,6 +606,8 @@ def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
     inside = Path(os.path.realpath(figdir)).is_relative_to(os.path.realpath(out))
     with lock(out) if inside else contextlib.nullcontext():
         paths = plot_run(out, figdir, fmt=fmt)
+        if inside:  # repairs a run whose figures were missing or damaged, then completes it
+            _record(out, paths, "plot", quiet)
     if not quiet:
         print(f"  figures: {', '.join(str(p) for p in paths)}")
 

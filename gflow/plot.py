@@ -215,7 +215,7 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     if s3 is not None and s3.limit_loss is not None:
         lines.append(f"  inf_a L_GIH = {s3.limit_loss:.4f} ± {s3.limit_loss_se or 0:.2g}")
     lines.append("")
-    lines.append(f"status: {traj.status}; wall {traj.wall:.0f} s")
+    lines.append(f"status: {'complete' if traj.integrated else traj.status}; wall {traj.wall:.0f} s")
     lines.append(f"N = {cfg.estimator.N}, seed {cfg.estimator.seed}, solver {cfg.solver.method}")
     return "\n".join(lines)
 
