@@ -566,7 +566,7 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
     from .loss import make_loss
     from .plot import plot_run
     from .theory import load_or_compute
-    from .trajectory import check_output, load, lock
+    from .trajectory import check_output, load, lock, record_outputs
 
     traj = load(out)
     check_output(figdir)
@@ -577,6 +577,8 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
         with ThreadPoolExecutor(max_workers=1) as pool:
             figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory)
             rep = check_run(out, loss=loss, theory=(theory, how))
+            # recorded as soon as written: a kill while drawing leaves only the figures to repair
+            record_outputs(out, ["theory.json", "report.json", "report.md"])
             paths = figures.result()
     ok = _print_verdict(rep, quiet)
     if not quiet:
