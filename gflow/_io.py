@@ -59,11 +59,8 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     ``os.replace``: a reader never sees a half-written file."""
     path = Path(path)
     tmp = _temporary(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def atomic_write_npz(path: str | Path, **arrays) -> None:
@@ -71,11 +68,8 @@ def atomic_write_npz(path: str | Path, **arrays) -> None:
     file in the same folder and ``os.replace``, as :func:`atomic_write_text`."""
     path = Path(path)
     tmp = _temporary(path)
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
 
 
 def atomic_savefig(fig, path: str | Path, **kw) -> Path:
@@ -84,12 +78,9 @@ def atomic_savefig(fig, path: str | Path, **kw) -> Path:
     a truncated one. The format is `path`'s suffix (given explicitly: the temporary name ends in
     ``.tmp.png``, which matplotlib would read as well)."""
     path = Path(path)
-    tmp = _temporary(path)
-    try:
-        fig.savefig(tmp, format=kw.pop("format", path.suffix.lstrip(".") or None), **kw)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    tmp = _temporary(path)  # a writer that dies leaves it; removed under the folder's lock
+    fig.savefig(tmp, format=kw.pop("format", path.suffix.lstrip(".") or None), **kw)
+    os.replace(tmp, path)
     return path
 
 
