@@ -24,13 +24,15 @@ pages), or the environment variable ``GFLOW_MAX_MEMORY`` when set (a size: ``64G
 ``500M``, ``1.5T``, a number of bytes; ``none`` turns the preflight off). The error names
 the keys of the largest parts and the estimate.
 
-**How close it is** (peak resident memory of a fresh process that builds the loss and takes
-one gradient, minus the same process's resident memory before it, float64, 2 CPU cores):
-the estimate is an upper bound within a factor of about 2 for the sizes that matter
-(measured: ``N = 10⁵, L = 100`` counts 1.02 GB estimated / 0.57 GB measured; ``N = 2·10⁴,
-L = 200, M = 6`` positions 3.3 GB / 1.6 GB; default run 0.1 GB / 0.06 GB). XLA's buffer reuse
-and fusion make it an overestimate; the preflight is meant to refuse the 10⁹-fold requests
-(343 GB, 1.6 TB) at once, not to pack memory tightly.
+**How close it is** (``scripts/preflight_calibrate.py``: the peak resident memory of a fresh
+process that builds the loss and takes one gradient and the loss statistics, minus its resident
+memory after importing gflow; float64, 2 CPU cores): the estimate is an upper bound within a
+factor of 1.1–1.7 — default run 0.72 GB estimated / 0.64 GB measured; ``N = 10⁵`` 1.80 / 1.15;
+``N = 2·10⁴, L = 200, M = 6`` (positions layout) 6.6 / 4.8; ``parents = [1, 2, 3, 4], N = 2·10⁴``
+4.1 / 2.4. A fixed 0.6 GB is XLA's compiler and runtime (measured 0.55–0.6 GB whatever the
+size); the rest over-counts because XLA reuses and fuses buffers. The preflight is meant to
+refuse the requests that cannot fit (343 GB, 1.6 TB, 10¹⁰ PB) at once, not to pack memory
+tightly; ``GFLOW_MAX_MEMORY`` overrides it.
 """
 
 from __future__ import annotations
