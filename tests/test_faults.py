@@ -136,13 +136,14 @@ def test_cache_faults_never_change_a_run(tmp_path, cache, capsys):
             entry.write_bytes(bad)
             _fresh_process_state()
             out = tmp_path / f"run_{i}_{fault}"
-            rc = main(["run", str(cfg), "--out", str(out), "--no-plot", "--no-check", "--quiet"])
+            rc = main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"])  # the checks use a program too
             err = capsys.readouterr().err
             outcomes[(entry.name[:8], fault)] = rc
             assert rc == 0, err
             assert "dropped the damaged program cache entry" in err and "Traceback" not in err, err
             for k, v in _arrays(out).items():
                 np.testing.assert_array_equal(v, want[k], err_msg=f"{entry.name} {fault} {k}")
+            assert json.loads((out / "report.json").read_text())["theory"] == report["theory"]
             _export_cache._unpack(entry.stem, entry.read_bytes())  # rewritten whole, verified
     # theory.json: damaged, or well-formed with a*, C* and the limit loss doubled: recomputed
     th_path = ref / "theory.json"
