@@ -269,6 +269,13 @@ class Config(eqx.Module):
                 f"{self.estimator.dtype}) (every attention weight ≈ e^−|w_plus − w_minus| a normal number), got "
                 f"w_plus = {self.init.w_plus!r}, w_minus = {self.init.w_minus!r}"
             )
+        if self.solver.method_for("I") in ("gd", "sgd"):  # whole steps of eta: their number must be an exact float
+            T = self.schedule.t1 if self.schedule.kind == "joint" else max(self.schedule.durations)
+            if not T / self.solver.eta <= 2.0**53:
+                raise ValueError(
+                    f"solver.eta = {self.solver.eta!r} is too small for a run of duration {T!r} (schedule.durations / "
+                    f"schedule.t1): more than 2^53 steps of {self.solver.method_for('I')!r}"
+                )
         if self.solver.method_for("I") == "sgd" and self.schedule.kind != "joint":
             raise ValueError(
                 f"solver.method = 'sgd' needs schedule.kind = 'joint' (SGD moves every block at every step), "

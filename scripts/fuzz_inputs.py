@@ -145,6 +145,8 @@ def mutation(rng: random.Random) -> tuple[str, object, str]:
              "model.M": [8, 12], "model.H": [30], "data.burn_in": [10**6, 10**7], "data.L": [10**6, 10**7],
              "estimator.N": [10**6, 10**8]}[k]  # fmt: skip
         return k, rng.choice(v), "either"
+    if r < 0.97:
+        return "solver.eta", rng.choice([1e-300, 1e-20]), "either"  # "gd" would take > 2^53 steps: refused
     return "schedule.durations", rng.choice([[1.0], [1.0, 2.0, 3.0, 4.0], [-1.0, 1.0, 1.0], "x"]), "invalid"
 
 
@@ -160,6 +162,9 @@ def generate(n: int, seed: int) -> list[tuple[dict, list[str], str]]:
             sec, key = k.split(".")
             if k == "model.H" and v in (30,):
                 d.setdefault("model", {}).update({"M": 30, "D": 30})
+            if k == "solver.eta":
+                d.setdefault("solver", {})["method"] = "gd"
+                by_key["solver.method"] = "valid"
             d.setdefault(sec, {})[key] = v
             by_key[k] = e
         keys, expects = list(by_key), list(by_key.values())
