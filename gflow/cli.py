@@ -425,11 +425,11 @@ def _run(args, cfg, out: Path) -> int:
 
 def _outputs(args) -> list[str]:
     """The files ``gflow run`` writes after the integration (its manifest, README "Run folders")."""
-    from .trajectory import _FIGURE_NAMES
+    from .trajectory import FIGURE_NAMES
 
     names = [] if args.no_check else ["theory.json", "report.json", "report.md"]
     if not args.no_plot:
-        names += [f"figures/{n}.{args.format}" for n in _FIGURE_NAMES]
+        names += [f"figures/{n}.{args.format}" for n in FIGURE_NAMES]
     return names
 
 

@@ -375,7 +375,7 @@ def run_status(out: str | Path) -> str:
 # The lock, and the output location
 # ---------------------------------------------------------------------------
 
-_FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")  # gflow.plot's figures
+FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")  # gflow.plot's figures
 _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
 
 
@@ -440,7 +440,7 @@ def lock(out: str | Path):
     f.flush()
     # left by a writer killed mid-save (none is alive now)
     remove_temporaries(out, "trajectory.npz", "run.json", "theory.json", "report.json", "report.md",
-                       *(f"figures/{n}.{x}" for n in _FIGURE_NAMES for x in ("png", "svg", "pdf")))  # fmt: skip
+                       *(f"figures/{n}.{x}" for n in FIGURE_NAMES for x in ("png", "svg", "pdf")))  # fmt: skip
     _HELD[key] = [f, 1]
     try:
         yield out
