@@ -513,6 +513,16 @@ def _eval_parser(sub) -> None:
 
 def _cmd_eval(args) -> int:
     from ._evaluate import evaluate
+    from ._preflight import preflight
+    from .sweep import sweep_points
+    from .trajectory import load
+
+    try:  # every evaluated configuration's memory, before any compute (bad fields: evaluate names them)
+        points = sweep_points(load(args.dir).config, args.param)
+    except ValueError:
+        points = []
+    for _, point in points:
+        preflight(point)
 
     res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
                    verbose=not args.quiet)  # fmt: skip
