@@ -11,44 +11,48 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from .data import DataConfig as DataConfig
-from .data import Sample as Sample
-from .data import sample as sample
-from .data import stationary_window as stationary_window
-from .data import window_law as window_law
-from .loss import EstimatorConfig as EstimatorConfig
-from .loss import LossStats as LossStats
-from .loss import PopulationLoss as PopulationLoss
-from .loss import make_loss as make_loss
-from .model import InitConfig as InitConfig
-from .model import ModelConfig as ModelConfig
-from .model import Params as Params
-from .model import init_params as init_params
-from .model import subsets as subsets
+from .core import DataConfig as DataConfig
+from .core import EstimatorConfig as EstimatorConfig
+from .core import InitConfig as InitConfig
+from .core import LossStats as LossStats
+from .core import ModelConfig as ModelConfig
+from .core import Params as Params
+from .core import PopulationLoss as PopulationLoss
+from .core import Sample as Sample
+from .core import init_params as init_params
+from .core import make_loss as make_loss
+from .core import sample as sample
+from .core import stationary_window as stationary_window
+from .core import subsets as subsets
+from .core import window_law as window_law
 
 try:
     __version__ = importlib.metadata.version("gflow")
 except importlib.metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
 
-from ._evaluate import evaluate as evaluate
 from .checks import Report as Report
 from .checks import check as check
-from .checks import check_run as check_run
 from .config import Config as Config
 from .config import load_config as load_config
-from .flow import FlowError as FlowError
-from .flow import integrate as integrate
-from .ladder import loss_ladder as loss_ladder
-from .replicates import run_replicates as run_replicates
-from .sde import SDEConfig as SDEConfig
-from .sde import sde as sde
-from .sgd import SGDConfig as SGDConfig
-from .sgd import SGDRun as SGDRun
-from .sgd import sgd as sgd
+from .dynamics import FlowError as FlowError
+from .dynamics import SDEConfig as SDEConfig
+from .dynamics import SGDConfig as SGDConfig
+from .dynamics import SGDRun as SGDRun
+from .dynamics import sde as sde
+from .dynamics import sgd as sgd
+from .runs import check_run as check_run
+from .runs import evaluate as evaluate
+from .runs import integrate as integrate
+from .runs import integrate_batch as integrate_batch
+from .runs import merge_shards as merge_shards
+from .runs import plot_run as plot_run
+from .runs import run_phase as run_phase
+from .runs import run_replicates as run_replicates
+from .runs import run_sweep as run_sweep
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
+from .theory import loss_ladder as loss_ladder
 from .theory import theory_report as theory_report
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load
-from .vmapped import integrate_batch as integrate_batch

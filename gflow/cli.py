@@ -39,7 +39,7 @@ was ``running`` marked ``failed`` (``--resume`` continues it);
 
 Before any compute, ``run`` and ``theory`` estimate the memory the
 configuration needs and refuse it (exit 2, naming the keys and the estimate)
-when it exceeds the memory available (:mod:`gflow._preflight`;
+when it exceeds the memory available (:func:`gflow.runs.preflight`;
 ``GFLOW_MAX_MEMORY=64G`` sets the budget, ``GFLOW_MAX_MEMORY=none`` turns the
 check off). ``gflow run --dry-run`` stops after these checks.
 """
@@ -148,7 +148,7 @@ def _phase_parsers(sub) -> None:
 
 
 def _cmd_phase_merge(args) -> int:
-    from .phase import merge_shards
+    from .runs import merge_shards
 
     res = merge_shards(args.dirs, args.out, plot=not args.no_plot)
     print(f"gflow phase-merge: {len(res.rows)} points -> {res.csv}")
@@ -157,7 +157,7 @@ def _cmd_phase_merge(args) -> int:
 
 def _cmd_phase(args) -> int:
     from .config import load_config
-    from .phase import run_phase
+    from .runs import run_phase
 
     cfg = load_config(args.config)
     res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
@@ -194,7 +194,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     import jax
     from equinox import _errors
 
-    from . import _export_cache
+    from ._util import disable_export_cache, enable_export_cache
 
     keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
     before = {k: getattr(jax.config, k) for k in keys}
@@ -203,7 +203,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     def restore() -> None:
         for k, v in before.items():
             jax.config.update(k, v)
-        _export_cache.disable()
+        disable_export_cache()
         if eqx_before is not None:
             _errors.EQX_ON_ERROR = eqx_before
 
@@ -215,7 +215,7 @@ def _enable_compilation_cache() -> Callable[[], None]:
     # programs of 20–200 ms each (the theory, the checks, the loss at saved states), which
     # together cost ~10 s of a warm start. Cache them all.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    _export_cache.enable(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
+    enable_export_cache(os.path.join(where, "export"))  # traced solves too (gflow._export_cache)
     if "EQX_ON_ERROR" not in os.environ and eqx_before == "raise":
         _errors.EQX_ON_ERROR = "nan"
     return restore
@@ -290,7 +290,8 @@ def _unexpected(args, e: BaseException) -> int:
 def _mark_failed(folder: Path, e: BaseException) -> list[Path]:
     """Mark every run under `folder` (itself, ``rep*``) whose snapshot says ``running`` as
     ``failed: unexpected …`` (under its lock; a folder another process holds is left alone)."""
-    from .trajectory import load, lock, save
+    from .runs import lock
+    from .trajectory import load, save
 
     done = []
     cands = [folder, *sorted(folder.glob("rep[0-9]*"))] if folder.is_dir() else []
@@ -326,9 +327,8 @@ def _saved_config(out: Path, replicates: bool):
 
 
 def _cmd_run(args) -> int:
-    from ._preflight import fmt_bytes, preflight
     from .config import LIMITS, load_config, refuse_sgd, warnings_for
-    from .trajectory import check_output, lock
+    from .runs import check_output, fmt_bytes, lock, preflight
 
     out = Path(args.out)
     cfg = None
@@ -346,7 +346,7 @@ def _cmd_run(args) -> int:
         top = LIMITS["estimator.seed"][1]
         if not 1 <= R <= 10**5 or cfg.estimator.seed + R - 1 > top:
             raise ValueError(f"--replicates must be in [1, 100000] with estimator.seed + R - 1 <= {top}, got R = {R}")
-        from .replicates import default_batch
+        from .runs import default_batch
 
         B = args.replicates_batch
         if B is not None and not 1 <= B <= R:
@@ -387,7 +387,8 @@ def check_output_dry(out: Path) -> None:
 
 
 def _run(args, cfg, out: Path) -> int:
-    from .flow import FlowError, integrate
+    from .dynamics import FlowError
+    from .runs import integrate
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
@@ -412,7 +413,8 @@ def _run(args, cfg, out: Path) -> int:
     elif not args.no_plot:
         _plot(out, out / "figures", args.format, quiet=args.quiet)
     if outputs:
-        from .trajectory import lock, record_outputs
+        from .runs import lock
+        from .trajectory import record_outputs
 
         with lock(out):
             status, missing = record_outputs(out, outputs)  # written last: the run is complete
@@ -449,8 +451,8 @@ def _record(out: Path, paths, cmd: str, quiet: bool) -> None:
 
 
 def _cmd_theory(args) -> int:
-    from ._preflight import preflight
     from .config import load_config
+    from .runs import preflight
     from .theory import format_theory, theory_report
 
     if not 1 <= args.n_pi <= 10**7:
@@ -468,9 +470,8 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from ._preflight import preflight
     from .config import load_config
-    from .sweep import run_sweep, sweep_points
+    from .runs import preflight, run_sweep, sweep_points
 
     cfg = load_config(args.config)
     if args.progress:
@@ -512,9 +513,7 @@ def _eval_parser(sub) -> None:
 
 
 def _cmd_eval(args) -> int:
-    from ._evaluate import evaluate
-    from ._preflight import preflight
-    from .sweep import sweep_points
+    from .runs import evaluate, preflight, sweep_points
     from .trajectory import load
 
     try:  # every evaluated configuration's memory, before any compute (bad fields: evaluate names them)
@@ -534,7 +533,7 @@ def _cmd_eval(args) -> int:
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
-    from .replicates import run_replicates
+    from .runs import run_replicates
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
@@ -552,8 +551,8 @@ def _run_replicates(args, cfg, out: Path) -> int:
 
 def _check(out: Path, *, quiet: bool) -> bool:
     """Check a saved run (writes its report into it, under its lock); the gflow verdict."""
-    from .checks import check_run
-    from .trajectory import load, lock
+    from .runs import check_run, lock
+    from .trajectory import load
 
     if not out.is_dir():
         load(out)  # not a folder: one clear error, nothing created
@@ -572,11 +571,9 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
     :func:`_plot`; an error in either is raised after both have finished."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .checks import check_run
-    from .loss import make_loss
-    from .plot import plot_run
-    from .theory import load_or_compute
-    from .trajectory import check_output, load, lock, record_outputs
+    from .core import make_loss
+    from .runs import check_output, check_run, load_or_compute, lock, plot_run
+    from .trajectory import load, record_outputs
 
     traj = load(out)
     check_output(figdir)
@@ -610,8 +607,8 @@ def _print_verdict(rep, quiet: bool) -> bool:
 
 
 def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
-    from .plot import plot_run
-    from .trajectory import check_output, load, lock
+    from .runs import check_output, lock, plot_run
+    from .trajectory import load
 
     load(out)  # a missing, corrupt or foreign folder: one clear error
     check_output(figdir)  # a file, under a file, read-only: before drawing anything

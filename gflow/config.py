@@ -19,7 +19,7 @@ truncated, NaN and infinities are refused) and values out of range raise
 expected, before anything is computed. Every integer key has bounds
 (:data:`LIMITS`, with the number of parents, of selectable sets and the depth of a
 kernel literal), checked before any size is computed from it; the memory the
-configuration needs is checked by :mod:`gflow._preflight` before any compute.
+configuration needs is checked by :func:`gflow.runs.preflight` before any compute.
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ from typing import Any, Literal, NamedTuple
 import equinox as eqx
 import numpy as np
 
-from .data import DataConfig
-from .loss import EstimatorConfig
-from .model import InitConfig, ModelConfig
+from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd", "sgd")
@@ -47,7 +45,7 @@ _JOINT_COORDS = ("log", "C")
 # that fits in memory; they exist so that every later expression (``d**k``, ``(d+1)**M``, a
 # sample of ``N·(burn_in+L)`` tokens, ``max_steps`` in a compiled loop) stays a small, fast
 # integer computation and within int32/int64. Whether a configuration inside them fits in the
-# memory of the machine is the resource preflight's question (:mod:`gflow._preflight`).
+# memory of the machine is the resource preflight's question (:func:`gflow.runs.preflight`).
 LIMITS: dict[str, tuple[int, int]] = {
     "data.d": (2, 4096),
     "data.parents": (1, 4096),  # each offset

@@ -23,28 +23,24 @@ its size and SHA-256 (:func:`record_outputs`, written last). A run killed while 
 therefore never ``complete``; ``gflow plot`` / ``gflow check`` write the missing files and
 complete it. :func:`run_status` also re-verifies the listed files.
 
-**One writer.** :func:`lock` takes an exclusive ``fcntl.flock`` on
-``DIR/.lock`` (non-blocking): a second process that wants to write the same
-folder fails at once with :class:`RunFolderError`. ``gflow run``, ``check``
-and ``plot`` hold it while they write; :func:`load` does not need it.
+**One writer.** The run layer's lock (``gflow.runs.lock``, an exclusive
+``fcntl.flock`` on ``DIR/.lock``) keeps a second writer out; :func:`load` does
+not need it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
-import os
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_npz, atomic_write_text, remove_temporaries
+from ._util import atomic_write_npz, atomic_write_text, rows_of_stage
 from .config import Config, from_dict
-from .model import subset_label, subsets
+from .core import subset_label, subsets
 
 _ARRAYS = (
     "ts", "stage", "w", "C", "a", "loss", "loss_se", "unseen",
@@ -239,7 +235,7 @@ def _json_default(x):
     raise TypeError(f"not JSON-serialisable: {type(x)}")
 
 
-def _bad(path: Path, what: str) -> RunFolderError:
+def folder_error(path: Path, what: str) -> RunFolderError:
     return RunFolderError(f"{str(path)!r}: {what}")
 
 
@@ -253,47 +249,47 @@ def load(out: str | Path) -> Trajectory:
     out = Path(out)
     npz, js = out / "trajectory.npz", out / "run.json"
     if not out.is_dir():
-        raise _bad(out, f"{'is a file' if out.exists() else 'does not exist'}: it holds no gflow run")
+        raise folder_error(out, f"{'is a file' if out.exists() else 'does not exist'}: it holds no gflow run")
     if not npz.is_file() and not js.is_file():
-        raise _bad(out, "holds no gflow run: expected trajectory.npz and run.json (written by `gflow run`)")
+        raise folder_error(out, "holds no gflow run: expected trajectory.npz and run.json (written by `gflow run`)")
     if not npz.is_file():
-        raise _bad(npz, "is missing (run.json is there): the run folder is incomplete")
+        raise folder_error(npz, "is missing (run.json is there): the run folder is incomplete")
     try:
         with np.load(npz, allow_pickle=False) as z:
             missing = [k for k in _ARRAYS if k not in z.files]
             if missing:
-                raise _bad(npz, f"is not a gflow trajectory: arrays {missing} are missing")
+                raise folder_error(npz, f"is not a gflow trajectory: arrays {missing} are missing")
             arrays = {k: np.asarray(z[k]) for k in _ARRAYS}
             text = str(z["meta"][()]) if "meta" in z.files else None
     except RunFolderError:
         raise
     except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
-        raise _bad(npz, f"is unreadable (truncated or not an npz file): {type(e).__name__}: {e}") from None
+        raise folder_error(npz, f"is unreadable (truncated or not an npz file): {type(e).__name__}: {e}") from None
     if text is None:  # written before the metadata was embedded
         if not js.is_file():
-            raise _bad(js, "is missing (trajectory.npz is there): the run folder is incomplete")
+            raise folder_error(js, "is missing (trajectory.npz is there): the run folder is incomplete")
         try:
             text = js.read_text()
         except (OSError, UnicodeDecodeError) as e:
-            raise _bad(js, f"is unreadable: {e}") from None
+            raise folder_error(js, f"is unreadable: {e}") from None
         where = js
     else:
         where = npz
     try:
         meta: dict[str, Any] = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _bad(where, f"holds invalid JSON metadata: {e}") from None
+        raise folder_error(where, f"holds invalid JSON metadata: {e}") from None
     if not isinstance(meta, dict) or not {"status", "config", "stages"} <= set(meta):
-        raise _bad(where, "holds no gflow run metadata (keys status, config, stages)")
+        raise folder_error(where, "holds no gflow run metadata (keys status, config, stages)")
     try:
         config = from_dict(meta["config"])
         stages = [StageRecord(**s) for s in meta["stages"]]
     except (ValueError, TypeError) as e:
-        raise _bad(where, f"holds an invalid run configuration or stage list: {e}") from None
+        raise folder_error(where, f"holds an invalid run configuration or stage list: {e}") from None
     T = len(arrays["ts"])
     bad = [k for k in _ARRAYS if arrays[k].ndim == 0 or len(arrays[k]) != T]
     if bad or meta.get("n_saved", T) != T:
-        raise _bad(
+        raise folder_error(
             npz, f"is inconsistent: {T} saved times, but arrays {bad} and n_saved = {meta.get('n_saved')}"
         )
     return Trajectory(
@@ -371,82 +367,24 @@ def run_status(out: str | Path) -> str:
     return f"incomplete: {', '.join(bad)} missing or damaged" if bad else "complete"
 
 
+# The figures of a run (gflow.figures draws them; the run layer cleans their temporaries)
+FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")
+
+
 # ---------------------------------------------------------------------------
-# The lock, and the output location
+# The set Stage I selected
 # ---------------------------------------------------------------------------
 
-FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")  # gflow.plot's figures
-_HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
 
-
-def check_output(out: str | Path) -> Path:
-    """Check, before any compute, that ``out`` can be a run folder: it is a folder or does not exist,
-    no part of its path is a file, and it (or its first existing parent) is writable. Creates it.
-
-    **Raises:** :class:`RunFolderError` naming the path and the problem."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise _bad(out, "is a file, not a folder: --out must name a folder")
-    p = out
-    while not p.exists():
-        if p.parent == p:
-            break
-        p = p.parent
-    if p.exists() and not p.is_dir():
-        raise _bad(out, f"lies under {str(p)!r}, which is a file, not a folder")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise _bad(p, "is not writable: cannot write the run there")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _bad(out, f"cannot be created: {e.strerror}") from None
-    return out
-
-
-@contextlib.contextmanager
-def lock(out: str | Path):
-    """Hold the exclusive lock of the run folder ``out`` (``fcntl.flock`` on ``out/.lock``,
-    non-blocking; the lock file records the holder's pid). Re-entrant within one process.
-    Creates the folder (:func:`check_output`).
-
-    **Raises:** :class:`RunFolderError` at once if another process holds it."""
-    out = check_output(out)
-    key = os.path.realpath(out)
-    if key in _HELD:
-        _HELD[key][1] += 1
-        try:
-            yield out
-        finally:
-            _HELD[key][1] -= 1
-        return
-    path = out / ".lock"
-    try:
-        f = open(path, "a+")  # noqa: SIM115 (held open for as long as the lock)
-    except OSError as e:
-        raise _bad(path, f"cannot be opened: {e.strerror}") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
-        raise _bad(
-            out,
-            f"is locked by another gflow process (pid {holder}) writing it; wait for it to end or use another folder",
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(str(os.getpid()))
-    f.flush()
-    # left by a writer killed mid-save (none is alive now)
-    remove_temporaries(out, "trajectory.npz", "run.json", "theory.json", "report.json", "report.md",
-                       *(f"figures/{n}.{x}" for n in FIGURE_NAMES for x in ("png", "svg", "pdf")))  # fmt: skip
-    _HELD[key] = [f, 1]
-    try:
-        yield out
-    finally:
-        _HELD[key][1] -= 1
-        if _HELD[key][1] == 0:
-            del _HELD[key]
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+def selected_set(traj) -> tuple[int, ...] | None:
+    """The set Stage I selected: Stage II's heads (recorded by the flow), else
+    ``argmax c/Σc`` at the end of Stage I (or of a joint run); ``None`` if the run
+    has no saved Stage I."""
+    rec = next((r for r in traj.stages if r.name == "II"), None)
+    if rec is not None and rec.selected is not None:
+        return tuple(int(h) for h in rec.selected)
+    for name in ("I", "joint"):
+        idx = rows_of_stage(traj.stage, name)
+        if idx.size:
+            return tuple(traj.subsets[int(np.argmax(traj.c_frac[int(idx[-1])]))])
+    return None

@@ -89,7 +89,7 @@ def child(N: int, L: int, out: str) -> dict:
         t_stats_ms=1e3 * t_stats,
         N=N,
         L=L,
-        versions=gflow.flow.versions(),
+        versions=gflow.dynamics._flow.versions(),
         backend=f"{jax.devices()[0].platform}",
         import_s=t_import,
         rss_after_import_mb=rss_import,

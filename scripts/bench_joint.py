@@ -24,9 +24,9 @@ or integrating the flow would not be worth it.
 
 Part ``sgd`` — one online SGD step
 ----------------------------------
-``gflow.sgd`` on the same model (d = 3, L = 100): the wall time of one step (fresh
+``gflow.dynamics._sgd`` on the same model (d = 3, L = 100): the wall time of one step (fresh
 sequences drawn, their features, one gradient) at batch B = 1000 after compilation, as
-``gflow.sgd`` runs it: ``--fuse`` steps (default 20) in one compiled ``fori_loop`` call,
+``gflow.dynamics._sgd`` runs it: ``--fuse`` steps (default 20) in one compiled ``fori_loop`` call,
 the time of a call divided by the steps; min and median over ``--reps`` calls; for one
 seed and for R = 8 seeds (each seed's sequences from its own key, features and
 gradients of all seeds in one call). Targets: ≤ 2 ms, and R = 8 ≤ 3× one seed.
@@ -131,7 +131,7 @@ def part_sgd(args):
     import jax
     import jax.numpy as jnp
 
-    from gflow.sgd import SGDConfig, _advance, _make_stepper, _sgd_runner
+    from gflow.dynamics._sgd import SGDConfig, _advance, _make_stepper, _sgd_runner
 
     cfg = published().replace(data={"L": 100}, estimator={"N": args.batch})
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)  # only a template for "fresh"

@@ -47,7 +47,7 @@ def child(layout: str, N: int, L: int, reps: int, stats_reps: int) -> dict:
     import jax.numpy as jnp
 
     import gflow
-    from gflow.loss import resolve_layout
+    from gflow.core._loss import resolve_layout
 
     jax.block_until_ready(jnp.ones(3) + 1)  # initialise the backend
     rss0 = rss_mb("VmRSS")

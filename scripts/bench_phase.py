@@ -52,7 +52,7 @@ def main(argv=None) -> None:
         return
 
     import gflow
-    from gflow.phase import run_phase
+    from gflow.runs._phase import run_phase
 
     tmp = tempfile.mkdtemp(prefix="bench_phase_")
     if not args.skip_theory:

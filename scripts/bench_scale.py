@@ -69,9 +69,9 @@ def child(job: dict) -> dict:
     import numpy as np
 
     import gflow
-    from gflow import flow as gflow_flow
-    from gflow.loss import StageLoss
-    from gflow.model import Params
+    from gflow.core._loss import StageLoss
+    from gflow.core._model import Params
+    from gflow.dynamics import _flow as gflow_flow
 
     jax.block_until_ready(jnp.ones(3) + 1)
     rss0 = rss_mb("VmRSS")
@@ -94,7 +94,7 @@ def child(job: dict) -> dict:
 
     # The vector fields alone, after compilation. Each stage's field is the
     # gradient of the loss in the moving block only, with what depends on the
-    # frozen blocks computed once at the stage's start (gflow.loss.StageLoss):
+    # frozen blocks computed once at the stage's start (gflow.core._loss.StageLoss):
     # Stage I (C) and III (a) are much cheaper than the full gradient, which
     # Stage II (w) and the joint schedule need.
     p = Params(**{k: jnp.asarray(v) for k, v in traj.state(0).items()})

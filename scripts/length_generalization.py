@@ -7,7 +7,7 @@ the default context length L = 100, then its final parameters θ are evaluated
 (:func:`gflow.evaluate`, README §M8.4) at L = 25, 50, 100, 200, 400, 800,
 1600 on held-out sequences (``estimator.seed = --eval-seed``, not the
 training sample), each against the loss ladder of its own sample
-(:mod:`gflow.ladder`, README §M8.3): the oracle E H(π(·|z_q)), the Bayes
+(:mod:`gflow.theory._ladder`, README §M8.3): the oracle E H(π(·|z_q)), the Bayes
 (Dirichlet posterior predictive) in-context predictor, the generalized
 induction head on the selected set at *its own* a* for that L
 (argmin_a L_GIH), and the context unigram (the GIH at a = 0).
@@ -43,7 +43,7 @@ import numpy as np
 
 import gflow
 from gflow import evaluate
-from gflow.model import subset_label
+from gflow.core._model import subset_label
 
 ROOT = Path(__file__).resolve().parent.parent
 

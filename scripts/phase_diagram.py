@@ -4,7 +4,7 @@ diagram with the phase tool itself, then draws it.
 
 1. **Search.** From the paper's default (d = 3, parents (1, 2), L = 100,
    w₊ = 3, α = 0.1, D = 2), a theory-only 1-d scan of each of w₊, L, the
-   parent structure, d, α and D (:func:`gflow.phase.run_phase`). Each axis
+   parent structure, d, α and D (:func:`gflow.runs._phase.run_phase`). Each axis
    is scored by the number of points where argmax J ≠ argmax Ĩ plus the
    number of changes of either winner along the axis.
 2. **Diagram.** The two numeric axes with the highest scores (ties: the
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import gflow
-from gflow.phase import run_phase
+from gflow.runs._phase import run_phase
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def main(argv=None) -> None:
         J = [r["argmax_J"] + ("?" if r["J_uncertain"] else "") for r in res.rows]
         dis = sum(r["S_star"] != r["argmax_J"] for r in res.rows)
         scores[field] = dis + _changes([r["S_star"] for r in res.rows]) + _changes([r["argmax_J"] for r in res.rows])
-        shown = [gflow.sweep._show(r[field]) if not isinstance(r[field], float) else f"{r[field]:.3g}"
+        shown = [gflow.runs._sweep.show_value(r[field]) if not isinstance(r[field], float) else f"{r[field]:.3g}"
                  for r in res.rows]  # fmt: skip
         lines.append(f"| {field} | {' '.join(shown)} | {' '.join(S)} | {' '.join(J)} | {dis} | {scores[field]} |")
         print(lines[-1], f"({time.perf_counter() - ts:.0f} s)", flush=True)

@@ -7,7 +7,7 @@ The paper's default configuration (``gflow.Config()``: d = 3, parents (1, 2),
 N = 10,000 sequences) integrated with the staged schedule of Chen, Sheen,
 Wang, Yang (NeurIPS 2024): Stage I moves only the selector C, Stage II only
 the copier w, Stage III only the classifier scale a. The run is then checked
-row by row against every prediction of README §M6 (:func:`gflow.checks.check_run`:
+row by row against every prediction of README §M6 (:func:`gflow.checks._checks.check_run`:
 the Stage I winner S* = argmax Ĩ, the Stage I rates, the Stage II exponent,
 the Stage III law ∂ₜa ≍ e^{−a} with its window, C* and a*, and the limit
 loss), and drawn.
@@ -16,7 +16,7 @@ Outputs
 -------
 - the run folder ``--out`` (default ``runs/paper``): ``trajectory.npz``,
   ``run.json``, ``theory.json``, ``report.json``, ``report.md``;
-- ``figures/paper_summary.png``: the one-page summary (:func:`gflow.plot.plot_summary`);
+- ``figures/paper_summary.png``: the one-page summary (:func:`gflow.figures._plot.plot_summary`);
 - ``figures/paper_c_frac.png``, ``paper_copier.png``, ``paper_a_vs_logt.png``,
   ``paper_rate.png``, ``paper_loss.png``: the single figures.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 import gflow
-from gflow.plot import (
+from gflow.figures._plot import (
     DPI,
     fit_a_log_tau,
     plot_a_vs_logt,
@@ -74,7 +74,7 @@ def _args(argv):
     p.add_argument("--n-pi", type=int, default=2000, help="prior kernels for the Ĩ ranking (default 2000)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     p.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
-    p.add_argument("--no-check", action="store_true", help="skip gflow.checks (theory only)")
+    p.add_argument("--no-check", action="store_true", help="skip gflow.checks._checks (theory only)")
     p.add_argument("--quiet", action="store_true", help="no line per solver segment")
     return p.parse_args(argv)
 
@@ -123,7 +123,7 @@ def _check(args, cfg, out: Path, loss):
     report = None
     if not args.no_check:
         try:
-            from gflow.checks import check_run
+            from gflow.runs import check_run
         except ImportError as e:  # pragma: no cover - checks.py is written concurrently
             print(f"\ngflow.checks unavailable ({e}): no check report")
         else:

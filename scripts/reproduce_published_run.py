@@ -72,7 +72,7 @@ def read_published(path: Path = DATA) -> dict[str, np.ndarray]:
     head = re.findall(r"[^,{]+(?:\{[^}]*\})?", rows[0])  # "C{2,3}" is one column
     vals = np.array([[float(x) for x in r.split(",")] for r in rows[1:]])
     col = {h: vals[:, i] for i, h in enumerate(head)}
-    order = gflow.model.subsets(3, 2)
+    order = gflow.core._model.subsets(3, 2)
     label = {S: "C{" + ",".join(map(str, S)) + "}" for S in _CSV_SUBSETS}
     C = np.stack([col[label[S]] for S in order], axis=1)
     return {
@@ -132,7 +132,7 @@ def at_epochs(ts: np.ndarray, ys: np.ndarray, epochs: np.ndarray) -> np.ndarray:
 def compare(traj, pub: dict) -> dict:
     """a, c_S/Σc of the published winner {1,2} and ‖C‖ of a run at every published epoch."""
     ep = pub["epoch"]
-    win = gflow.model.subsets(3, 2).index((1, 2))
+    win = gflow.core._model.subsets(3, 2).index((1, 2))
     a = at_epochs(traj.ts, traj.a, ep)
     cf = at_epochs(traj.ts, traj.c_frac[:, win], ep)
     Cn = at_epochs(traj.ts, np.sqrt((traj.C**2).sum(-1)), ep)
@@ -159,9 +159,9 @@ def compare(traj, pub: dict) -> dict:
 def plot(runs: dict, pub: dict, path: Path) -> None:
     from matplotlib.figure import Figure
 
-    from gflow.plot import DPI
+    from gflow.figures._plot import DPI
 
-    win = gflow.model.subsets(3, 2).index((1, 2))
+    win = gflow.core._model.subsets(3, 2).index((1, 2))
     fig = Figure(figsize=(13, 4.0), dpi=DPI, layout="constrained")
     axs = fig.subplots(1, 3)
     ep = pub["epoch"]

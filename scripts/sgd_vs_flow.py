@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 import gflow
-from gflow.model import subset_label
-from gflow.sde import SDEConfig, sde
-from gflow.sgd import SGDConfig, sgd
+from gflow.core._model import subset_label
+from gflow.dynamics._sde import SDEConfig, sde
+from gflow.dynamics._sgd import SGDConfig, sgd
 
 
 def main():

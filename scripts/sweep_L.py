@@ -20,8 +20,8 @@ each with its standard error over R independent samples of N sequences
 (default R = 5, N = 4000). These are theory-only quantities, computed without
 integrating any flow: one draw of R·N sequences per L (``gflow.sample``) split
 into R blocks of N, the GIH's match counts on S* for each block
-(:func:`gflow.theory.make_gih`, the paper's model's limit with a one-hot
-copier and c = e_{S*}) and its law (:func:`gflow.theory.stage3_law`). S* does
+(:func:`gflow.theory._theory.make_gih`, the paper's model's limit with a one-hot
+copier and c = e_{S*}) and its law (:func:`gflow.theory._theory.stage3_law`). S* does
 not depend on L (the modified χ²-MI is a property of the stationary law): it
 is computed once, from the Ĩ ranking over ``--n-pi`` prior kernels, and
 checked to be the paper's parents.
@@ -51,10 +51,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from _bench import save_figure
 
 import gflow
-from gflow.model import subset_label
-from gflow.theory import make_gih, modified_chi2_ranking, stage3_law
+from gflow.core._model import subset_label
+from gflow.theory._theory import make_gih, modified_chi2_ranking, stage3_law
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,9 +285,7 @@ def _figure(args, rows, fits, curves, Ls, S, data0) -> Path:
             "\n(dashed: empirical least-squares fits in ln L over these L, not a derived law)",
             fontsize=11.5,
         )
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        out = save_figure(fig, args.out)
     return out
 
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import gflow
-from gflow import model as gmodel
+from gflow.core import _model as gmodel
 
 # ---------------------------------------------------------------------------
 # Generic
@@ -272,7 +272,7 @@ def exact_problem(
     """Exact population quantities of a fixed-kernel problem at ``params``, by
     enumerating all ``d**(L+1)`` sequences ``(x_1..x_{L+1})`` with their
     probabilities and running the reference per-position forward map
-    :func:`gflow.model.predict` on each (not the counts layout used by
+    :func:`gflow.core._model.predict` on each (not the counts layout used by
     default in the loss).
 
     Returns ``(quantities, grad)`` with ``quantities`` a dict of floats

@@ -1,4 +1,4 @@
-"""Tests of gflow.checks (README §M6, §M7, §M8.1): the check report of a real staged flow
+"""Tests of gflow.checks._checks (README §M6, §M7, §M8.1): the check report of a real staged flow
 (every non-informational prediction passes; a deliberately wrong prediction
 fails), the report files, the fitting routines against closed forms, and the
 error path of check_run."""
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.checks import Report, Row, check, check_run, contrast, linear_fit, log_slope, power_exponent
+from gflow.checks._checks import Report, Row, check, contrast, linear_fit, log_slope, power_exponent
 from gflow.config import from_dict
+from gflow.runs import check_run
 
 SMALL = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
 ROW_KEYS = {"name", "claim", "predicted", "measured", "tolerance", "passed"}
@@ -105,7 +106,7 @@ def test_every_decided_row_fails_a_bounded_perturbation(checked_run):
     dur = next(r for r in decided if r.name.startswith("I: Stage I duration"))
     assert abs(dur.wrong / dur.measured - 1) == pytest.approx(0.5)
     win = report.row("I: winner argmax c/Σc = argmax J at end of Stage I")
-    assert win.wrong != win.measured and win.wrong in [gflow.model.subset_label(S) for S in gflow.subsets(3, 2)]
+    assert win.wrong != win.measured and win.wrong in [gflow.core._model.subset_label(S) for S in gflow.subsets(3, 2)]
 
 
 def test_stage1_duration_matches_the_event_time(checked_run):
@@ -120,7 +121,7 @@ def test_stage1_duration_matches_the_event_time(checked_run):
 
 
 def test_vacuous_and_uncovered_rows_are_undecided():
-    from gflow._report import decided_row
+    from gflow.checks._report import decided_row
 
     r = decided_row("a at end vs a*", 5.0, 5.1, 2.3e8, claim="finite", rule=("abs", 5.0, 2.3e8), wrong=6.1)
     assert r.passed is None and r.tolerance.startswith("info: vacuous")
@@ -147,18 +148,18 @@ def test_two_verdicts():
 
 
 def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, capsys):
-    import gflow.checks
+    import gflow.checks._checks
     from gflow.cli import main
 
     def fake(verdicts):
         rows = [Row("f", 1, 1, 0, verdicts[0], "finite"), Row("p", 1, 1, 0, verdicts[1], "paper")]
         return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
-    monkeypatch.setattr(gflow.checks, "check_run", fake((True, False)))
+    monkeypatch.setattr(gflow.checks._checks, "check_run", fake((True, False)))
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paper verdict FAIL; gflow verdict PASS" in out and "S* = {2}" in out
-    monkeypatch.setattr(gflow.checks, "check_run", fake((False, True)))
+    monkeypatch.setattr(gflow.checks._checks, "check_run", fake((False, True)))
     assert main(["check", str(tmp_path)]) == 1
     assert "paper verdict PASS; gflow verdict FAIL" in capsys.readouterr().out
 
@@ -291,7 +292,7 @@ def test_bracketed_root_newton_and_its_safeguard():
     derivative (zero, or of the wrong sign: every step falls back to bisection)."""
     import math
 
-    from gflow._check_base import _bracketed_root
+    from gflow.checks._base import _bracketed_root
 
     root = 0.3 + math.atanh(0.2)
     calls = []
@@ -313,8 +314,8 @@ def test_model_zero_of_the_one_hot_model_is_the_gih_a_star(small_loss):
     model_zero from below and from above, is the GIH's a* (to the bisection's 1e-12 and
     rounding); with the residual mass on the empty set (a constant kernel, a dilution by
     0.99) it is a*/0.99."""
-    from gflow._check_base import model_zero
-    from gflow.theory import make_gih, stage3_law
+    from gflow.checks._base import model_zero
+    from gflow.theory._theory import make_gih, stage3_law
 
     sets = gflow.subsets(3, 2)
     S = (1, 2)
@@ -433,7 +434,7 @@ def test_disagreeing_rankings_the_flow_follows_J(tmp_path, small_config):
     assert rep.verdict == {"gflow": "pass", "paper": "fail"}, [(r.name, r.measured, r.tolerance) for r in rep.failed]
     assert rep.row("I: winner argmax c/Σc = S* (argmax Ĩ) at end of Stage I").passed is False
     assert rep.row("I: winner argmax c/Σc = argmax J at end of Stage I").passed is True
-    th = gflow.theory.Theory.from_json(json.loads((tmp_path / "theory.json").read_text()))
+    th = gflow.theory._theory.Theory.from_json(json.loads((tmp_path / "theory.json").read_text()))
     law = th.law((3,))
     lim = rep.row("limit loss: L̂ at end vs inf_a L_GIH (selected set)")
     assert lim.predicted == pytest.approx(law.limit_loss, rel=1e-12)

@@ -246,15 +246,15 @@ def test_bad_config_names_key_and_value(tmp_path, text, key, shown):
 def test_bad_configs_exit_2_before_any_compute(tmp_path, capsys, monkeypatch):
     """All of BAD_CONFIGS through `gflow run`: exit 2, the key named, no sampling or integration
     reached (both replaced by functions that fail the test), no output folder created."""
-    import gflow.flow
-    import gflow.loss
+    import gflow.core._loss
+    import gflow.dynamics._flow
 
     def boom(*a, **k):
         raise AssertionError("compute reached")
 
-    monkeypatch.setattr(gflow.flow, "integrate", boom)
-    monkeypatch.setattr(gflow.flow, "make_loss", boom)
-    monkeypatch.setattr(gflow.loss, "make_loss", boom)
+    monkeypatch.setattr(gflow.runs, "integrate", boom)
+    monkeypatch.setattr(gflow.dynamics._flow, "make_loss", boom)
+    monkeypatch.setattr(gflow.core._loss, "make_loss", boom)
     clean = 0
     for i, (text, key, _) in enumerate(BAD_CONFIGS):
         p = tmp_path / f"bad{i}.toml"
@@ -310,12 +310,12 @@ def test_ints_of_float_keys_become_floats_and_good_values_pass(tmp_path):
 
 
 def test_small_N_warns(tmp_path, capsys, monkeypatch):
-    import gflow.flow
+    import gflow.runs
 
     def stop(*a, **k):
         raise ValueError("stopped before compute")
 
-    monkeypatch.setattr(gflow.flow, "integrate", stop)
+    monkeypatch.setattr(gflow.runs, "integrate", stop)  # what `gflow run` calls (gflow.runs binds the flow's)
     p = tmp_path / "n10.toml"
     p.write_text("[estimator]\nN = 10\n")
     assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o"), "--quiet"]) == 2

@@ -103,7 +103,7 @@ def _chain_fn(d, parents):
 
     def one(pi):
         laws = [gflow.window_law(pi, cfg, W) for W in Ws]
-        return gflow.data.window_transition(pi, cfg), gflow.stationary_window(pi, cfg), laws
+        return gflow.core._data.window_transition(pi, cfg), gflow.stationary_window(pi, cfg), laws
 
     f = jax.jit(jax.vmap(one))
 

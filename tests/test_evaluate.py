@@ -20,7 +20,7 @@ def test_gflow_evaluate_is_the_function():
     import inspect
 
     assert inspect.isfunction(gflow.evaluate) and callable(gflow.evaluate)
-    assert gflow.evaluate is evaluate is importlib.import_module("gflow._evaluate").evaluate
+    assert gflow.evaluate is evaluate is importlib.import_module("gflow.runs._evaluate").evaluate
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("gflow.evaluate")
     with pytest.raises(TypeError):  # a function's signature, not a module's attribute lookup

@@ -11,7 +11,7 @@ import pytest
 from equinox import _errors
 
 import gflow
-from gflow import _export_cache
+from gflow._util import _export_cache
 from gflow.trajectory import _ARRAYS
 
 TINY = {"data": {"d": 3, "L": 20}, "estimator": {"N": 200}, "schedule": {"durations": [50.0, 1e10, 20.0]}}
@@ -25,9 +25,9 @@ def cli_mode(tmp_path, monkeypatch):
     monkeypatch.setattr(_errors, "EQX_ON_ERROR", "nan")
     eqx.clear_caches()
     jax.clear_caches()
-    _export_cache.enable(tmp_path / "export")
+    _export_cache.enable_export_cache(tmp_path / "export")
     yield tmp_path / "export"
-    _export_cache.disable()
+    _export_cache.disable_export_cache()
     _export_cache._LOADED.clear()
     monkeypatch.undo()
     eqx.clear_caches()
@@ -36,9 +36,9 @@ def cli_mode(tmp_path, monkeypatch):
 
 def test_export_cache_reproduces_the_run_bit_for_bit(cli_mode):
     cfg = gflow.config.from_dict(TINY)
-    _export_cache.disable()
+    _export_cache.disable_export_cache()
     plain = gflow.integrate(cfg)
-    _export_cache.enable(cli_mode)
+    _export_cache.enable_export_cache(cli_mode)
     exported = gflow.integrate(cfg)  # traces, exports, writes, calls
     files = sorted(cli_mode.glob("*.jaxexport"))
     assert len(files) == 3  # one program per stage (events and moving blocks differ)
@@ -73,9 +73,9 @@ def test_export_cache_key_and_fallback(cli_mode):
 
     x3, x4 = jax.numpy.ones(3), jax.numpy.ones(4)
     assert len({key(x3, 2.0), key(x3, 3.0), key(x4, 2.0)}) == 3 and key(x3, 2.0) == key(x3, 2.0)
-    np.testing.assert_array_equal(_export_cache.call(f, (x3,), {"scale": 2.0}), 2 * np.ones(3))
+    np.testing.assert_array_equal(_export_cache.cached_call(f, (x3,), {"scale": 2.0}), 2 * np.ones(3))
     assert len(list(cli_mode.glob("*.jaxexport"))) == 1
-    np.testing.assert_array_equal(_export_cache.call(g, (x3,), {}), 2 * np.ones(3))
+    np.testing.assert_array_equal(_export_cache.cached_call(g, (x3,), {}), 2 * np.ones(3))
     assert len(list(cli_mode.glob("*.jaxexport"))) == 1
 
 
@@ -95,3 +95,26 @@ def test_cli_main_restores_what_it_set(tmp_path, monkeypatch):
     assert seen == {"eqx": "nan", "dir": tmp_path / "cache" / "export", "cache": str(tmp_path / "cache")}
     assert {k: getattr(jax.config, k) for k in keys} == before
     assert _errors.EQX_ON_ERROR == "raise" and _export_cache._DIR is None
+
+
+def test_fingerprint_covers_every_subpackage(tmp_path, monkeypatch):
+    """The key's source fingerprint hashes every module of the package, the subpackages'
+    included: editing gflow/core/_loss.py (or any file below gflow/) changes it, so a program
+    exported by other code is never served (it would be read under another key)."""
+    import shutil
+
+    root = tmp_path / "gflow"
+    shutil.copytree(_export_cache._package_root(), root, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(_export_cache, "_package_root", lambda: root)
+    prints = {}
+    for what, path in [("base", None), ("core", "core/_loss.py"), ("dynamics", "dynamics/_solve.py"),
+                       ("util", "_util/_io.py"), ("top", "config.py")]:  # fmt: skip
+        if path is not None:
+            (root / path).write_text((root / path).read_text() + "\n# edited\n")
+        monkeypatch.setattr(_export_cache, "_FINGERPRINT", None)
+        prints[what] = _export_cache._fingerprint()
+    assert len(set(prints.values())) == len(prints), prints
+    # renaming a module (same bytes, another path) changes it too
+    (root / "core" / "_loss.py").rename(root / "core" / "_loss2.py")
+    monkeypatch.setattr(_export_cache, "_FINGERPRINT", None)
+    assert _export_cache._fingerprint() not in prints.values()

@@ -23,10 +23,13 @@ import pytest
 from equinox import _errors
 
 import gflow
-import gflow.flow
-from gflow import _export_cache
+import gflow.dynamics._flow
+import gflow.figures._plot
+import gflow.runs
+import gflow.runs._folder
+from gflow._util import _export_cache, _io
 from gflow.cli import main
-from gflow.trajectory import _ARRAYS, WRITING, load, run_status, save
+from gflow.trajectory import _ARRAYS, WRITING, StageRecord, Trajectory, load, run_status, save
 
 TINY_TOML = ("[data]\nL = 20\n[estimator]\nN = 200\n[schedule]\ndurations = [50.0, 1e10, 20.0]\n"
              "[solver]\nsave_per_decade = 3\n")  # fmt: skip
@@ -76,10 +79,10 @@ def test_damaged_entry_is_dropped_and_recomputed(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(_errors, "EQX_ON_ERROR", "nan")
     _fresh_process_state()
-    _export_cache.enable(tmp_path / "export")
+    _export_cache.enable_export_cache(tmp_path / "export")
     try:
         x = jax.numpy.linspace(0.0, 1.0, 5)
-        ref = np.asarray(_export_cache.call(f, (x,), {"scale": 2.0}))
+        ref = np.asarray(_export_cache.cached_call(f, (x,), {"scale": 2.0}))
         (path,) = list((tmp_path / "export").glob("*.jaxexport"))
         good = path.read_bytes()
         assert good.startswith(_export_cache.MAGIC)
@@ -87,7 +90,7 @@ def test_damaged_entry_is_dropped_and_recomputed(tmp_path, monkeypatch, capsys):
         for name, bad in {**_faults(good, other), "empty": b"", "garbage": b"\x00" * 100}.items():
             path.write_bytes(bad)
             _fresh_process_state()
-            got = np.asarray(_export_cache.call(f, (x,), {"scale": 2.0}))
+            got = np.asarray(_export_cache.cached_call(f, (x,), {"scale": 2.0}))
             np.testing.assert_array_equal(got, ref, err_msg=name)
             err = capsys.readouterr().err
             assert err.count("dropped the damaged program cache entry") == 1 and err.count("\n") == 1, (name, err)
@@ -95,7 +98,7 @@ def test_damaged_entry_is_dropped_and_recomputed(tmp_path, monkeypatch, capsys):
             _export_cache._unpack(key, path.read_bytes())
         # a program that deserializes but fails when called: dropped, the uncached call
         _fresh_process_state()
-        _export_cache.call(f, (x,), {"scale": 2.0})
+        _export_cache.cached_call(f, (x,), {"scale": 2.0})
 
         class Broken:
             def call(self, *a):
@@ -103,11 +106,11 @@ def test_damaged_entry_is_dropped_and_recomputed(tmp_path, monkeypatch, capsys):
 
         key = next(iter(_export_cache._LOADED))
         _export_cache._LOADED[key] = Broken()
-        np.testing.assert_array_equal(np.asarray(_export_cache.call(f, (x,), {"scale": 2.0})), ref)
+        np.testing.assert_array_equal(np.asarray(_export_cache.cached_call(f, (x,), {"scale": 2.0})), ref)
         assert "calling it failed: RuntimeError" in capsys.readouterr().err
         assert not path.exists()  # dropped; the next process exports it again
     finally:
-        _export_cache.disable()
+        _export_cache.disable_export_cache()
         _fresh_process_state()
 
 
@@ -183,9 +186,6 @@ def test_killed_while_drawing_fast(tmp_path, monkeypatch, capsys):
     cheap stand-ins (a saved synthetic run, one line per figure)."""
     import matplotlib.figure
 
-    import gflow.plot
-    from gflow import _io
-
     def fake_integrate(config, *, out, outputs=None, **kw):
         tr = _running(config, out)
         tr.status, tr.files = WRITING, {n: None for n in outputs}
@@ -197,9 +197,9 @@ def test_killed_while_drawing_fast(tmp_path, monkeypatch, capsys):
         fig.subplots().plot(traj.ts, traj.a)
         return fig
 
-    monkeypatch.setattr(gflow.flow, "integrate", fake_integrate)
-    monkeypatch.setattr(gflow.plot, "_FIGURES", dict.fromkeys(gflow.plot._FIGURES, cheap))
-    monkeypatch.setattr(gflow.plot, "run_theory", lambda *a, **k: None)
+    monkeypatch.setattr(gflow.runs, "integrate", fake_integrate)
+    monkeypatch.setattr(gflow.figures._plot, "_FIGURES", dict.fromkeys(gflow.figures._plot._FIGURES, cheap))
+    monkeypatch.setattr(gflow.runs._folder, "load_or_compute", lambda *a, **k: (None, "computed"))
     real = _io.atomic_savefig
 
     def killed(fig, path, **kw):
@@ -208,7 +208,7 @@ def test_killed_while_drawing_fast(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(fig, path, **kw)
 
-    monkeypatch.setattr(gflow.plot, "atomic_savefig", killed)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", killed)
     out = tmp_path / "run"
     toml = tmp_path / "c.toml"
     toml.write_text("[data]\nL = 10\n[estimator]\nN = 200\n[schedule]\ndurations = [1.0, 1.0, 1.0]\n")
@@ -218,13 +218,13 @@ def test_killed_while_drawing_fast(tmp_path, monkeypatch, capsys):
     assert tr.status == WRITING and run_status(out) == WRITING and tr.files["figures/copier.png"] is None
     assert not (out / "figures" / "copier.png").exists() and (out / "figures" / "c_frac.png").stat().st_size > 0
     assert list((out / "figures").glob(".copier.*.tmp.png"))  # the kill's half-written temporary
-    monkeypatch.setattr(gflow.plot, "atomic_savefig", real)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", real)
     assert main(["plot", str(out)]) == 0
     assert "is complete" in capsys.readouterr().out
     assert load(out).status == "complete" and run_status(out) == "complete"
     assert not list((out / "figures").glob(".*.tmp.*"))  # removed under the lock
     files = load(out).files
-    assert sorted(files) == sorted(f"figures/{n}.png" for n in gflow.plot._FIGURES)
+    assert sorted(files) == sorted(f"figures/{n}.png" for n in gflow.figures._plot._FIGURES)
     assert all(r["bytes"] == (out / n).stat().st_size for n, r in files.items())
     (out / "figures" / "loss.png").write_bytes(b"")  # damaged after the fact
     assert run_status(out).startswith("incomplete: figures/loss.png")
@@ -237,9 +237,6 @@ def test_run_killed_while_drawing_is_not_complete_and_plot_repairs_it(tmp_path, 
     half-written; the run is not complete, its figure absent (never a 0-byte file). `gflow plot`
     redraws, removes the temporary and completes the run; a figure damaged later is seen by
     run_status and repaired the same way."""
-    import gflow.plot
-    from gflow import _io
-
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(TINY_TOML)
     out = tmp_path / "run"
@@ -251,14 +248,14 @@ def test_run_killed_while_drawing_is_not_complete_and_plot_repairs_it(tmp_path, 
             raise KeyboardInterrupt
         return real(fig, path, **kw)
 
-    monkeypatch.setattr(gflow.plot, "atomic_savefig", killed)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", killed)
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 130
     capsys.readouterr()
     tr = load(out)
     assert tr.status == WRITING and run_status(out) != "complete"
     assert tr.files is not None and tr.files["figures/copier.png"] is None
     assert not (out / "figures" / "copier.png").exists() and (out / "figures" / "c_frac.png").stat().st_size > 0
-    monkeypatch.setattr(gflow.plot, "atomic_savefig", real)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", real)
     assert main(["plot", str(out)]) == 0
     assert "is complete" in capsys.readouterr().out
     assert load(out).status == "complete" and run_status(out) == "complete"
@@ -275,10 +272,10 @@ def _tiny_cfg():
 
 
 def _running(cfg, out):
-    tr = gflow.Trajectory.empty(cfg, cfg.model.H, cfg.model.M, len(cfg.model.subsets))
+    tr = Trajectory.empty(cfg, cfg.model.H, cfg.model.M, len(cfg.model.subsets))
     rows = {k: np.zeros((2,) + getattr(tr, k).shape[1:]) for k in _ARRAYS if k not in ("ts", "stage")}
     tr.append(ts=np.array([0.0, 0.1]), stage=np.ones(2, int), **rows)
-    tr.stages = [gflow.trajectory.StageRecord(name="I", moves=["C"], t0=0.0, t1=0.1)]
+    tr.stages = [StageRecord(name="I", moves=["C"], t0=0.0, t1=0.1)]
     tr.status = "running"
     save(tr, out)
     return tr
@@ -292,7 +289,7 @@ def test_unexpected_error_exits_4_logs_and_marks_failed(tmp_path, capsys, monkey
         _running(config, out)
         raise TypeError("an unforeseen bug\nover two lines")
 
-    monkeypatch.setattr(gflow.flow, "integrate", bug)
+    monkeypatch.setattr(gflow.runs, "integrate", bug)
     toml = tmp_path / "c.toml"
     toml.write_text("[data]\nL = 10\n[estimator]\nN = 200\n[schedule]\ndurations = [1.0, 1.0, 1.0]\n")
     assert main(["run", str(toml), "--out", str(out), "--quiet"]) == 4
@@ -304,7 +301,7 @@ def test_unexpected_error_exits_4_logs_and_marks_failed(tmp_path, capsys, monkey
     assert "Traceback" in log and "TypeError: an unforeseen bug" in log
     tr = load(out)
     assert tr.status.startswith("failed: unexpected TypeError")
-    gflow.flow.check_resumable(tr, cfg)  # resumable with its configuration
+    gflow.dynamics._flow.check_resumable(tr, cfg)  # resumable with its configuration
     # a command without a folder: the traceback goes to a temporary file that the line names
     monkeypatch.setattr("gflow.cli._cmd_theory", lambda args: 1 / 0)
     assert main(["theory"]) == 4
@@ -321,7 +318,7 @@ def test_resume_without_config_uses_the_saved_one(tmp_path, capsys, monkeypatch)
     def stop(*a, **k):
         raise ValueError("stopped at the sampling")
 
-    monkeypatch.setattr(gflow.flow, "make_loss", stop)
+    monkeypatch.setattr(gflow.dynamics._flow, "make_loss", stop)
     assert main(["run", "--resume", "--out", str(out), "--quiet"]) == 2
     assert "stopped at the sampling" in capsys.readouterr().err  # got past check_resumable
     assert main(["run", "--resume", "--out", str(out), "--dry-run"]) == 0

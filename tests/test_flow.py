@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.model import Params
+from gflow.core._model import Params
 from gflow.trajectory import _ARRAYS
 
 # The test-size staged run (scripts/small.toml: d = 3, parents (1, 2), L = 40,
@@ -277,7 +277,7 @@ def test_failed_solve_keeps_partial_trajectory(tmp_path):
 def test_batch_throw_raises_the_first_failure():
     """integrate_batch(throw=True) raises the first failed replicate's FlowError after
     the batch; throw=False returns every trajectory, the failed one marked."""
-    from gflow.vmapped import integrate_batch
+    from gflow.runs import integrate_batch
 
     cfgs = [SMALL.replace(data={"L": 4}, estimator={"eps": 0.0, "N": 200, "seed": s}) for s in (0, 1)]
     with pytest.raises(gflow.FlowError, match=r"Stage I failed at t = 0: the gradient of the loss is not finite"):
@@ -349,8 +349,8 @@ def test_step_control_carried_across_solves():
     steps growing geometrically over four decades."""
     import diffrax
 
-    from gflow._solve import _grid, _segments, _VectorField
-    from gflow.loss import StageLoss
+    from gflow.core._loss import StageLoss
+    from gflow.dynamics._solve import VectorField, save_grid, split_segments
 
     T = 1e4
     cfg = gflow.Config().replace(
@@ -359,14 +359,14 @@ def test_step_control_carried_across_solves():
     )  # fmt: skip
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
     tr = gflow.integrate(cfg, loss=loss)
-    n_solves = len(_segments(_grid(0.0, T, cfg), cfg.solver.save_per_decade))
+    n_solves = len(split_segments(save_grid(0.0, T, cfg), cfg.solver.save_per_decade))
     assert n_solves >= 6
 
     p0 = gflow.init_params(cfg.model, cfg.init)
     # the joint schedule's ODE state: every block, w and C with time scale 0
     moves = ("w", "C", "a")
     scale = {"w": jnp.asarray(0.0), "C": jnp.asarray(0.0), "a": jnp.asarray(1.0)}
-    vf = _VectorField(stage_loss=StageLoss(loss, p0, moves), scale=scale)
+    vf = VectorField(stage_loss=StageLoss(loss, p0, moves), scale=scale)
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, T, None, {b: getattr(p0, b) for b in moves},
         stepsize_controller=diffrax.PIDController(rtol=cfg.solver.rtol, atol=cfg.solver.atol), max_steps=100_000,
@@ -384,18 +384,18 @@ def test_step_control_carried_across_solves():
 
 
 def _host_counted(monkeypatch, cfg, **kw):
-    from gflow.flow import _StageRun
+    from gflow.dynamics._flow import StageRun
 
-    monkeypatch.setattr(_StageRun, "host_count", True)
+    monkeypatch.setattr(StageRun, "host_count", True)
     try:
         return gflow.integrate(cfg, **kw)
     finally:
-        monkeypatch.setattr(_StageRun, "host_count", False)
+        monkeypatch.setattr(StageRun, "host_count", False)
 
 
 def test_evaluation_count_in_program_equals_host_count(monkeypatch, small_run, small_config, small_loss):
     """The single driver counts an explicit solver's evaluations from what each solve did
-    (gflow._solve._tsit5_nfev: the initial-step heuristic, first stages up to the first
+    (gflow.dynamics._solve._tsit5_nfev: the initial-step heuristic, first stages up to the first
     accepted step, six a step, the steady test), so its compiled program has no host
     callback. That count equals the host counter's (a callback per evaluation) stage by
     stage, over a run with first and continued solves, rejected steps, events and the steady

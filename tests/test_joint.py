@@ -72,9 +72,9 @@ def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match=r"sde\.noise must be a finite number >= 0"):
         gflow.SDEConfig(noise=-1.0)
     with pytest.raises(ValueError, match=r"sgd\.batch = 500 must be <= estimator\.N = 200"):
-        gflow.sgd(CFG, gflow.SGDConfig(batch=500, sampling="fixed"))
+        gflow.dynamics._sgd(CFG, gflow.SGDConfig(batch=500, sampling="fixed"))
     with pytest.raises(ValueError, match=r"schedule\.kind must be 'joint'"):
-        gflow.sgd(CFG.replace(schedule={"kind": "staged"}), gflow.SGDConfig())
+        gflow.dynamics._sgd(CFG.replace(schedule={"kind": "staged"}), gflow.SGDConfig())
 
 
 @pytest.mark.slow  # ≈ 35 s: compiles the batched and the single joint solve
@@ -82,7 +82,7 @@ def test_batched_joint_flow_is_the_single_runs():
     """The vmapped batch integrates the joint selector in the same log coordinates
     (each replicate with its own signs of C): every saved state equals the single
     run's to 1e-9 relative (measured ≈ 1e-11), with the same accepted steps."""
-    from gflow.vmapped import integrate_batch
+    from gflow.runs import integrate_batch
 
     base = gflow.Config().replace(data={"L": 20}, estimator={"N": 200}, schedule={"kind": "joint", "t1": 20.0})
     cfgs = [base.replace(estimator={"N": 200, "seed": s}) for s in (1, 2)]

@@ -11,9 +11,9 @@ import pytest
 from scipy.special import roots_jacobi
 
 import gflow
-from gflow.ladder import bayes_counts, bayes_predictive, format_ladder, loss_ladder
-from gflow.loss import sequence_loss
-from gflow.model import CountFeatures
+from gflow.core._loss import sequence_loss
+from gflow.core._model import CountFeatures
+from gflow.theory._ladder import bayes_counts, bayes_predictive, format_ladder, loss_ladder
 
 
 def _posterior_mean_quadrature(x, d, parents, alpha, n_nodes):
@@ -123,7 +123,7 @@ def test_oracle_is_the_entropy_of_a_fixed_kernel():
 
 def test_oracle_with_a_drawn_target_predicts_with_the_kernel():
     """estimator.target = "drawn": the target is the drawn token e(y), the oracle still
-    predicts with π(·|z_q) (gflow.loss.kernel_conditional), so per sequence it is
+    predicts with π(·|z_q) (gflow.core._loss.kernel_conditional), so per sequence it is
     −log(π(y|z_q) + ε) by hand, and its mean estimates the entropy E H(π(·|z_q)) (the
     expected-target oracle's mean on the same sample) within 4 standard errors. Without
     the kernel the oracle would "know" y: a loss of −log(1 + ε) ≈ 0."""
@@ -132,7 +132,7 @@ def test_oracle_with_a_drawn_target_predicts_with_the_kernel():
     est = gflow.EstimatorConfig(N=4000, seed=1, target="drawn")
     loss = gflow.make_loss(data, gflow.ModelConfig(M=2, H=2, D=2), est)
     smp = gflow.sample(data, est.N, key=jax.random.key(est.seed))
-    pi = gflow.loss.kernel_conditional(data, est)
+    pi = gflow.core._loss.kernel_conditional(data, est)
     np.testing.assert_array_equal(np.asarray(pi), np.asarray(smp.cond))
     lad = loss_ladder(loss, data, S=(1,), a_gih=3.0, pi_cond=pi)
     zq, y = np.asarray(smp.zq), np.asarray(smp.y)
@@ -140,7 +140,7 @@ def test_oracle_with_a_drawn_target_predicts_with_the_kernel():
     np.testing.assert_allclose(lad.values["oracle"], hand, rtol=1e-12)
     assert abs(lad.mean("oracle") - lad.entropy) < 4 * hand.std() / math.sqrt(est.N)
     assert lad.mean("oracle") > 0.4  # not the token-knowing ≈ 0
-    assert gflow.loss.kernel_conditional(data, gflow.EstimatorConfig(N=10)) is None  # expected target: the loss's own
+    assert gflow.core._loss.kernel_conditional(data, gflow.EstimatorConfig(N=10)) is None  # expected target: the loss's own
 
 
 def test_ladder_order_on_the_test_sample(small_config, small_loss):
@@ -174,8 +174,8 @@ def test_ladder_in_theory_check_report_and_loss_figure(small_run, small_config, 
     import matplotlib
 
     matplotlib.use("Agg")
-    from gflow.plot import plot_loss
-    from gflow.theory import Theory
+    from gflow.figures._plot import plot_loss
+    from gflow.theory._theory import Theory
 
     c = small_config
     traj, _ = small_run
@@ -204,8 +204,8 @@ def test_ladder_in_theory_check_report_and_loss_figure(small_run, small_config, 
 def test_gih_argmin_matches_the_theorys_infimum(small_config, small_loss):
     """The ladder's own a (two 61-point grids) gives the theory's refined
     inf_a L_GIH to second order in the grid step, and the default ladder uses it."""
-    from gflow.ladder import gih_argmin
-    from gflow.theory import limit_loss, make_gih
+    from gflow.theory._ladder import gih_argmin
+    from gflow.theory._theory import limit_loss, make_gih
 
     g = make_gih(small_loss, (1, 2))
     ref = limit_loss(g)

@@ -1,4 +1,4 @@
-"""Laws per model (gflow.laws; README §M8.7): Stage I rates for either norm,
+"""Laws per model (gflow.theory._laws; README §M8.7): Stage I rates for either norm,
 the GIH of both norms, the ce_on_probs GIH law and its tail."""
 
 import diffrax
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow import laws
-from gflow import model as gmodel
-from gflow._solve import _VectorField
 from gflow.config import from_dict
-from gflow.loss import StageLoss, make_loss
-from gflow.model import Params, init_params
-from gflow.theory import make_gih, stage1_rates
+from gflow.core import _model as gmodel
+from gflow.core._loss import StageLoss, make_loss
+from gflow.core._model import Params, init_params
+from gflow.dynamics._solve import VectorField
+from gflow.theory import _laws as laws
+from gflow.theory._theory import make_gih, stage1_rates
 
 
 def _setup(norm, *, L=20, N=400, parents=(1, 2), loss="log", layout="auto", **init):
@@ -32,7 +32,7 @@ def test_stage1_rates_equal_flow_at_t0(norm):
     _cfg, loss, p = _setup(norm)
     eta = 2.5
     ex = laws.stage1_rates_exact(loss, p, rate=eta)
-    vf = _VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
+    vf = VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
     h = 1e-4
     sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 2 * h, h / 8, {"C": p.C},
                               saveat=diffrax.SaveAt(ts=[h, 2 * h]),
@@ -182,7 +182,7 @@ def test_gih_tail_constant(kind, a1):
 def test_coverage_of_the_laws():
     """The sum-norm linearisation does not cover norm="layer"; the model's own G does; the
     GIH tail covers ce_on_probs only."""
-    from gflow._theory_result import LAW_COVERAGE, covers
+    from gflow.theory._result import LAW_COVERAGE, covers
 
     layer = from_dict({"model": {"norm": "layer"}})
     ce = from_dict({"estimator": {"loss": "ce_on_probs"}})
@@ -286,7 +286,7 @@ def test_stage2_ends_steady_at_its_interior_fixed_point():
 
 def test_fit_power_recovers_the_exponent():
     """The approach row's fit L∞ + Bτ^(−p) recovers p on exact data (and not on a log)."""
-    from gflow._rows_laws import _fit_power
+    from gflow.checks._rows_laws import _fit_power
 
     tau = np.logspace(3, 4, 13)
     for p in (0.7, 1.0, 1.6):

@@ -16,7 +16,7 @@ import pytest
 from helpers import gih_counts, naive_forward, random_params, subsets_by_definition
 
 import gflow
-from gflow import model as gmodel
+from gflow.core import _model as gmodel
 
 # ---------------------------------------------------------------------------
 # Index set, configuration, initialisation

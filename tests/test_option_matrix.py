@@ -10,8 +10,8 @@ Slow: nine staged runs of the test size (d = 3, L = 40, N = 2000).
 import pytest
 
 import gflow
-from gflow._theory_result import LAW_COVERAGE, covers
 from gflow.config import from_dict
+from gflow.theory._result import LAW_COVERAGE, covers
 
 BASE = {"data": {"d": 3, "L": 40}, "estimator": {"N": 2000}, "schedule": {"durations": [1e3, 1e10, 1e4]}}
 
@@ -41,9 +41,9 @@ def _config(change: dict):
 def test_matrix_covers_every_accepted_value():
     """The matrix has every accepted value of each option (read from the modules' own
     validation tuples, so a new value fails this test until it joins the matrix)."""
-    from gflow.data import _STARTS
-    from gflow.loss import _LOSSES, _TARGETS
-    from gflow.model import _NORMS, _WINDOWS
+    from gflow.core._data import _STARTS
+    from gflow.core._loss import _LOSSES, _TARGETS
+    from gflow.core._model import _NORMS, _WINDOWS
 
     default = _config({})
     options = {

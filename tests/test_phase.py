@@ -12,9 +12,9 @@ import pytest
 
 import gflow
 from gflow.cli import main
-from gflow.phase import _half_loss_time, merge_shards, phase_grid, point_flow, run_phase
-from gflow.sweep import parse_param, sweep_points
-from gflow.theory import theory_report
+from gflow.runs._phase import _half_loss_time, merge_shards, phase_grid, point_flow, run_phase
+from gflow.runs._sweep import parse_param, sweep_points
+from gflow.theory._theory import theory_report
 
 # The test-size sample of tests/test_sweep.py (L = 20, N = 200): shared compilations.
 TINY = gflow.Config().replace(
@@ -120,10 +120,10 @@ def test_grid_reproduces_gflow_theory_exactly(full_grid, tmp_path, capsys):
         sc = cfg.schedule
         th = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=N_PI, eta_C=sc.eta_C, delta=sc.delta)
         rk, rt = th.ranking, th.rates
-        assert row["S_star"] == gflow.model.subset_label(th.S_star)
+        assert row["S_star"] == gflow.core._model.subset_label(th.S_star)
         assert (row["Itilde_gap"], row["Itilde_gap_se"], row["Itilde_uncertain"]) == (
             rk.gap, rk.gap_se, rk.close_call)  # fmt: skip
-        assert row["argmax_J"] == gflow.model.subset_label(th.argmax_J)
+        assert row["argmax_J"] == gflow.core._model.subset_label(th.argmax_J)
         iJ = th.sets.index(th.argmax_J)
         jJ = int(np.argsort(-rt.J, kind="stable")[1])
         assert row["J_gap"] == rt.J[iJ] - rt.J[jJ] and row["J_gap_se"] == rt.diff_se[iJ, jJ]

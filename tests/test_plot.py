@@ -1,11 +1,11 @@
-"""Tests of gflow.plot (README §M7): every figure from a small hand-built run whose
+"""Tests of gflow.figures._plot (README §M7): every figure from a small hand-built run whose
 arrays are known, checked against those arrays (one line per subset with its
 label, heatmaps holding s(t), the a-vs-log τ fit equal to an independent least
 squares, the rate equal to −η_a ∂L̂/∂a·e^a), the files written by ``plot_run``
 and ``gflow plot``, and the error paths.
 
 The run is synthetic (no integration) and the theory a hand-made
-:class:`gflow.theory.Theory` with a made-up GIH law, so the file runs in seconds; a
+:class:`gflow.theory._theory.Theory` with a made-up GIH law, so the file runs in seconds; a
 slow test runs the real pipeline (integrate, theory, plot) on a tiny config.
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow import plot as gplot
-from gflow._plot_base import _SIZE_SINGLE
 from gflow.cli import main
 from gflow.config import Config
-from gflow.theory import ChiSquaredRanking, Stage1Duration, StageIIILaw, StageIRates, Theory
+from gflow.figures import _plot as gplot
+from gflow.figures._base import SIZE_SINGLE
+from gflow.theory._theory import ChiSquaredRanking, Stage1Duration, StageIIILaw, StageIRates, Theory
 from gflow.trajectory import StageRecord, Trajectory, save
 
 NAMES = ["c_frac", "copier", "a_vs_logt", "rate", "loss", "summary"]
@@ -99,7 +99,7 @@ def _joint_traj() -> Trajectory:
 
 
 def _theory(sets) -> Theory:
-    """A :class:`gflow.theory.Theory` whose GIH law of {1,2} is the made-up law
+    """A :class:`gflow.theory._theory.Theory` whose GIH law of {1,2} is the made-up law
     F(a)·e^a = 0.5 (1 + a)(1 − e^{a − 3.5}) (zero at a* = 3.5), with {1,2} winning
     every ranking (the Stage I numbers are placeholders the figures do not read)."""
     sets = tuple(tuple(S) for S in sets)
@@ -148,7 +148,7 @@ def theory(traj):
 def run_dir(tmp_path_factory, traj, theory):
     d = tmp_path_factory.mktemp("run")
     save(traj, d)
-    gflow.theory.save_theory(d / "theory.json", theory)  # with its checksum, as gflow writes it
+    gflow.runs.save_theory(d / "theory.json", theory)  # with its checksum, as gflow writes it
     return d
 
 
@@ -261,7 +261,7 @@ def test_a_vs_logt_slope_is_an_independent_least_squares(traj, theory, tmp_path)
     (astar,) = [ln for ln in ax.get_lines() if ln.get_label().startswith("$a^*$")]
     assert set(np.ravel(astar.get_ydata())) == {3.5}
     assert "t_{\\rm III}" in ax.get_xlabel()
-    _save(fig, tmp_path, "a_vs_logt", size=_SIZE_SINGLE)
+    _save(fig, tmp_path, "a_vs_logt", size=SIZE_SINGLE)
 
 
 def test_fit_needs_a_window(traj, theory):
@@ -289,7 +289,7 @@ def test_rate_is_minus_eta_grad_times_exp_a(traj, theory, tmp_path):
     for key in ("C^*", "C^*/2", "window", "a^*", "±1 SE"):
         assert key in labels
     assert ax.get_xlim()[1] < 10  # not the whole theory grid (up to a = 30)
-    _save(fig, tmp_path, "rate", size=_SIZE_SINGLE)
+    _save(fig, tmp_path, "rate", size=SIZE_SINGLE)
 
 
 def test_loss_panels_and_limit(traj, theory, tmp_path):
@@ -373,7 +373,7 @@ def test_no_pyplot_state(traj, theory):
 
 def test_plot_run_writes_every_figure(run_dir, tmp_path):
     out = tmp_path / "figs"
-    paths = gplot.plot_run(run_dir, out)
+    paths = gflow.plot_run(run_dir, out)
     assert [p.name for p in paths] == [f"{n}.png" for n in NAMES]
     for p in paths:
         assert p.parent == out
@@ -382,17 +382,17 @@ def test_plot_run_writes_every_figure(run_dir, tmp_path):
 
 
 def test_plot_run_formats(run_dir, tmp_path, one_figure):
-    (svg,) = gplot.plot_run(run_dir, tmp_path / "svg", fmt="svg")
+    (svg,) = gflow.plot_run(run_dir, tmp_path / "svg", fmt="svg")
     assert svg.name == "copier.svg" and svg.read_text().lstrip().startswith("<?xml")
     with pytest.raises(ValueError, match="fmt must be one of"):
-        gplot.plot_run(run_dir, tmp_path, fmt="jpg")
+        gflow.plot_run(run_dir, tmp_path, fmt="jpg")
 
 
 def test_plot_run_on_a_folder_without_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no gflow run: expected trajectory.npz"):
-        gplot.plot_run(tmp_path)
+        gflow.plot_run(tmp_path)
     with pytest.raises(FileNotFoundError, match="holds no gflow run"):
-        gplot.plot_run(tmp_path / "nowhere")
+        gflow.plot_run(tmp_path / "nowhere")
 
 
 def _without_config(th) -> dict:
@@ -403,8 +403,8 @@ def _without_config(th) -> dict:
 
 
 def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, one_figure):
-    import gflow.loss
-    import gflow.theory
+    import gflow.core._loss
+    import gflow.theory._theory
 
     calls = []
 
@@ -412,11 +412,11 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
         calls.append((data, model, estimator, init, kw))
         return theory
 
-    monkeypatch.setattr(gflow.theory, "theory_report", fake_report)
-    monkeypatch.setattr(gflow.loss, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
+    monkeypatch.setattr(gflow.theory._theory, "theory_report", fake_report)
+    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
     d = tmp_path / "run"
     save(traj, d)
-    (path,) = gplot.plot_run(d)
+    (path,) = gflow.plot_run(d)
     assert len(calls) == 1 and path == d / "figures" / "copier.png"
     cfg = traj.config
     data, model, estimator, init, kw = calls[0]
@@ -427,7 +427,7 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
     assert _without_config(stored) == _without_config(theory)
     # stamped with what it was computed for: the run's configuration key
     assert stored["config"]["estimator"]["seed"] == cfg.estimator.seed and stored["config"]["n_pi"] == 2000
-    assert _without_config(gplot.run_theory(d)) == _without_config(theory)  # read back, not recomputed
+    assert _without_config(gflow.runs.load_or_compute(d)[0]) == _without_config(theory)  # read back, not recomputed
     assert len(calls) == 1
     # a theory.json for another 𝒮, another configuration, or unreadable is recomputed
     other = json.loads(json.dumps(stored))
@@ -436,16 +436,17 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
     for text in (json.dumps(wrong_sets), json.dumps(other), "{not json"):
         (d / "theory.json").write_text(text)
         n = len(calls)
-        assert _without_config(gplot.run_theory(d)) == _without_config(theory) and len(calls) == n + 1
+        assert _without_config(gflow.runs.load_or_compute(d)[0]) == _without_config(theory) and len(calls) == n + 1
         assert json.loads((d / "theory.json").read_text()) == stored
 
 
 def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, monkeypatch):
     """load_or_compute reuses a theory.json whose configuration key is the run's,
     and recomputes one with another estimator seed."""
-    import gflow.loss
-    import gflow.theory
-    from gflow.theory import config_key, load_or_compute
+    import gflow.core._loss
+    import gflow.theory._theory
+    from gflow.runs import load_or_compute
+    from gflow.theory._result import config_key
 
     cfg = traj.config
     key = config_key(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=2000, pi_seed=0,
@@ -454,22 +455,22 @@ def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, mo
     d = tmp_path / "run"
     save(traj, d)
     js = dataclasses.replace(theory, config=key).to_json()
-    gflow.theory.save_theory(d / "theory.json", js)
+    gflow.runs.save_theory(d / "theory.json", js)
     got, how = load_or_compute(d, traj)
     assert how == "reused" and got.S_star == (1, 2) and got.law((1, 2)).a_star == 3.5
 
     def fail(*a, **k):
         raise RuntimeError("recomputed")
 
-    monkeypatch.setattr(gflow.theory, "theory_report", fail)
-    monkeypatch.setattr(gflow.loss, "make_loss", lambda *cfgs: None)
+    monkeypatch.setattr(gflow.theory._theory, "theory_report", fail)
+    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: None)
     js["config"]["estimator"]["seed"] += 1
-    gflow.theory.save_theory(d / "theory.json", js)  # a valid checksum, another key: recomputed
+    gflow.runs.save_theory(d / "theory.json", js)  # a valid checksum, another key: recomputed
     with pytest.raises(RuntimeError, match="recomputed"):
         load_or_compute(d, traj)
     # the run's key, a valid file, but a* doubled by hand (checksum not updated): recomputed, not trusted
     js["config"]["estimator"]["seed"] -= 1
-    gflow.theory.save_theory(d / "theory.json", js)
+    gflow.runs.save_theory(d / "theory.json", js)
     tampered = json.loads((d / "theory.json").read_text())
     for law in tampered["laws"].values():
         if law.get("a_star") is not None:
@@ -501,7 +502,7 @@ def test_real_pipeline(tmp_path):
         schedule={"durations": [1e3, 1e10, 1e3]}, solver={"save_per_decade": 4},
     )  # fmt: skip
     gflow.integrate(cfg, out=tmp_path)
-    paths = gplot.plot_run(tmp_path)
+    paths = gflow.plot_run(tmp_path)
     assert (tmp_path / "theory.json").is_file()
     for p in paths:
         _png_size(p)

@@ -23,8 +23,8 @@ import pytest
 from helpers import random_params
 
 import gflow
-from gflow import model as gmodel
-from gflow.loss import PopulationLoss
+from gflow.core import _model as gmodel
+from gflow.core._loss import PopulationLoss
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("counts", "positions", "heads")
@@ -82,7 +82,7 @@ def _enumerated_sample(d, L, key):
     k1, k2 = jax.random.split(key)
     cond = jax.random.dirichlet(k1, jnp.ones(d), (n,))
     y = jax.random.randint(k2, (n,), 0, d).astype(jnp.int32)
-    return gflow.data.Sample(
+    return gflow.core._data.Sample(
         X=jnp.asarray(X), y=y, zq=jnp.zeros(n, jnp.int32), cond=cond, pi=jnp.zeros((n, 1, d))
     )
 
@@ -169,7 +169,7 @@ def test_drawn_target_is_the_sampled_y(getkey, kind):
     key = getkey()
     est = gflow.EstimatorConfig(N=40, target="drawn", loss=kind, layout="heads")
     loss = gflow.make_loss(data, m, est, key=key)
-    smp = gflow.data.sample(data, 40, key=key)
+    smp = gflow.core._data.sample(data, 40, key=key)
     p = random_params(getkey(), m, a=3.0)
     yh = np.array([direct_forward(p.w, p.C, p.a, x, 3, 2, "sum", True, "shifted") for x in np.asarray(smp.X)])
     y = np.asarray(smp.y)

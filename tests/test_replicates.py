@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow import vmapped
 from gflow.cli import main
-from gflow.replicates import (
+from gflow.dynamics import _vmapped as vmapped
+from gflow.dynamics._vmapped import sample_bytes
+from gflow.runs import integrate_batch
+from gflow.runs._replicates import (
     SAMPLE_BUDGET,
     bands,
     default_batch,
@@ -34,7 +36,6 @@ from gflow.replicates import (
     summarize,
 )
 from gflow.trajectory import StageRecord, Trajectory
-from gflow.vmapped import integrate_batch, sample_bytes
 
 # d = 3 trigram, L = 20, N = 200; a short staged run (every stage 2 time
 # units, one solve each): the test-size replicate.
@@ -335,7 +336,7 @@ def test_batch_is_the_single_runs(sequential, batched, tmp_path):
         _assert_same_run(b, s)
     # written like gflow.integrate's folders; existing ones refused
     outs = [tmp_path / f"r{r}" for r in range(3)]
-    vmapped._integrate_batch(_cfgs(), outs=outs)
+    gflow.runs.integrate_batch_with_errors(_cfgs(), outs=outs)
     _assert_same_run(gflow.load(outs[2]), sequential[2])
     with pytest.raises(ValueError, match=r"already holds a run"):
         integrate_batch(_cfgs(), outs=outs)
@@ -404,7 +405,7 @@ def test_batch_replicate_whose_solve_fails_leaves_the_others():
             seq.append(gflow.integrate(c))
         except gflow.FlowError as e:
             seq.append(e.trajectory)
-    got, errors = vmapped._integrate_batch(cfgs)
+    got, errors = gflow.runs.integrate_batch_with_errors(cfgs)
     assert [e is None for e in errors] == [False, True, False]
     assert "maximum number of solver steps" in str(errors[0])
     for b, s in zip(got, seq):
@@ -428,7 +429,7 @@ def test_batch_groups_stage_II_by_selected_set(monkeypatch, sequential):
 def _interrupted(cfg, out, n_solves):
     """`gflow.integrate` of `cfg` into `out`, interrupted (SIGINT) after its `n_solves`-th solve:
     the folder holds the snapshot of that solve, marked "interrupted", with its controller state."""
-    settle = gflow.flow._StageRun.settle
+    settle = gflow.dynamics._flow.StageRun.settle
     count = [0]
 
     def interrupt_after(run, outcome):
@@ -438,7 +439,7 @@ def _interrupted(cfg, out, n_solves):
             raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gflow.flow._StageRun, "settle", interrupt_after)
+        mp.setattr(gflow.dynamics._flow.StageRun, "settle", interrupt_after)
         with pytest.raises(KeyboardInterrupt):
             gflow.integrate(cfg, out=out)
     return gflow.load(out)

@@ -1,11 +1,11 @@
-"""gflow._rng: Threefry draws with the hash unrolled, bit for bit jax.random's."""
+"""gflow._util._rng: Threefry draws with the hash unrolled, bit for bit jax.random's."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gflow import _rng
+from gflow._util import _rng
 
 
 @pytest.mark.parametrize("shape", [(), (7,), (2, 1001), (3, 5, 4)])

@@ -21,9 +21,10 @@ import pytest
 
 import gflow
 import gflow.cli
-import gflow.flow
+import gflow.dynamics._flow
 from gflow.config import Config
-from gflow.trajectory import RunFolderError, StageRecord, Trajectory, load, lock, save
+from gflow.runs import lock
+from gflow.trajectory import RunFolderError, StageRecord, Trajectory, load, save
 
 ROOT = Path(gflow.__file__).resolve().parents[1]
 SMALL = ROOT / "scripts" / "small.toml"
@@ -66,7 +67,7 @@ def no_compute(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compute reached")
 
-    monkeypatch.setattr(gflow.flow, "make_loss", boom)
+    monkeypatch.setattr(gflow.dynamics._flow, "make_loss", boom)
 
 
 # ---------------------------------------------------------------------------
@@ -104,10 +105,10 @@ def test_killed_between_the_renames_keeps_true_step_counts(tmp_path, monkeypatch
             raise KeyboardInterrupt  # the process dies here
         return real(src, dst)
 
-    monkeypatch.setattr(gflow.trajectory.os, "replace", killed)
+    monkeypatch.setattr(gflow.runs._folder.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         save(tr, tmp_path)
-    monkeypatch.setattr(gflow.trajectory.os, "replace", real)
+    monkeypatch.setattr(gflow.runs._folder.os, "replace", real)
     stale = json.loads((tmp_path / "run.json").read_text())
     assert stale["generation"] == 1 and stale["stages"][0]["steps"] == 7  # run.json one generation behind
     back = load(tmp_path)
@@ -152,7 +153,7 @@ def test_lock_refuses_a_second_writer_at_once(tmp_path, capsys, no_compute):
     d = tmp_path / "run"
     script = (
         f"import sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-        f"from gflow.trajectory import lock\nwith lock({str(d)!r}):\n    print('held', flush=True); time.sleep(60)"
+        f"from gflow.runs import lock\nwith lock({str(d)!r}):\n    print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, text=True)
     try:
@@ -245,16 +246,16 @@ def _corrupt_cases(base: Path) -> dict[str, tuple[Path, str]]:
 
 
 def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
-    import gflow.checks
-    import gflow.plot
+    import gflow.checks._checks
+    import gflow.figures._plot
 
     def boom(*a, **k):
         raise AssertionError("reached the checks or the figures")
 
-    monkeypatch.setattr(gflow.checks, "theory_report", boom)
-    monkeypatch.setattr(gflow.checks, "make_loss", boom)
-    monkeypatch.setattr(gflow.checks, "load_or_compute", boom)
-    monkeypatch.setattr(gflow.plot, "plot_run", boom)
+    monkeypatch.setattr(gflow.checks._checks, "theory_report", boom)
+    monkeypatch.setattr(gflow.checks._checks, "make_loss", boom)
+    monkeypatch.setattr(gflow.checks._checks, "load_or_compute", boom)
+    monkeypatch.setattr(gflow.figures._plot, "plot_run", boom)
     cases = _corrupt_cases(tmp_path)
     assert len(cases) >= 17
     for name, (d, fragment) in cases.items():
@@ -303,8 +304,8 @@ def test_nan_trajectory_fails_run(small_run, tmp_path, capsys):
 def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
     """`gflow run`: exit 1 when the check report's verdict fails, 0 when it passes (integration and
     checks replaced by a saved synthetic run and a one-row report)."""
-    import gflow.checks
-    from gflow.checks import Report, Row
+    import gflow.checks._checks
+    from gflow.checks._checks import Report, Row
 
     d = tmp_path / "run"
 
@@ -314,10 +315,10 @@ def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
         save(tr, out)
         return tr
 
-    monkeypatch.setattr(gflow.flow, "integrate", fake_integrate)
+    monkeypatch.setattr(gflow.runs, "integrate", fake_integrate)
     for passed, code in ((False, 1), (True, 0)):
         rep = Report(rows=[Row("trajectory finite", "every saved value finite", "a", "exact", passed)])
-        monkeypatch.setattr(gflow.checks, "check_run", lambda out, rep=rep: rep)
+        monkeypatch.setattr(gflow.checks._checks, "check_run", lambda out, rep=rep: rep)
         assert gflow.cli.main(["run", "--out", str(d), "--overwrite", "--no-plot", "--quiet"]) == code
         err = capsys.readouterr().err
         assert ("the check report's verdict fails" in err) == (not passed)
@@ -366,11 +367,11 @@ def test_resume_allows_what_does_not_change_the_saved_trajectory(tmp_path):
     free = [{"solver": {"max_steps": 10}}, {"solver": {"progress": True}},
             {"schedule": {"durations": [2.0, 1.0, 1.0]}}, {"schedule": {"t1": 5.0}}]  # fmt: skip
     for change in free:
-        gflow.flow.check_resumable(tr, _tiny_cfg(**change))
+        gflow.dynamics._flow.check_resumable(tr, _tiny_cfg(**change))
     tr.stages[0].ended_by, tr.stages[0].complete = "duration", True
     tr.stages.append(StageRecord(name="II", moves=["w"], t0=1.0, t1=1.5))
     with pytest.raises(ValueError, match=r"schedule\.durations\[0\] \(Stage I\) = 2\.0 differs .* 1\.0"):
-        gflow.flow.check_resumable(tr, _tiny_cfg(schedule={"durations": [2.0, 1.0, 1.0]}))
+        gflow.dynamics._flow.check_resumable(tr, _tiny_cfg(schedule={"durations": [2.0, 1.0, 1.0]}))
 
 
 # ---------------------------------------------------------------------------
@@ -393,16 +394,16 @@ def test_output_location_checked_before_compute(tmp_path, capsys, no_compute, mo
     ro = tmp_path / "ro"
     ro.mkdir()
     real = os.access
-    monkeypatch.setattr(gflow.trajectory.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
+    monkeypatch.setattr(gflow.runs._folder.os, "access", lambda p, m: False if Path(p) == ro else real(p, m))
     assert gflow.cli.main(["run", "--out", str(ro / "run"), "--quiet"]) == 2
     assert f"{str(ro)!r}: is not writable" in capsys.readouterr().err
     assert not (ro / "run").exists()
 
 
 def test_plot_out_a_file_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    import gflow.plot
+    import gflow.figures._plot
 
-    monkeypatch.setattr(gflow.plot, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
+    monkeypatch.setattr(gflow.figures._plot, "plot_run", lambda *a, **k: pytest.fail("plot_run reached"))
     d = tmp_path / "run"
     save(_synthetic(_tiny_cfg()), d)
     f = tmp_path / "fig.png"
@@ -424,7 +425,7 @@ def test_overwrite_removes_stale_outputs(tmp_path, capsys, monkeypatch):
     def stop(*a, **k):
         raise ValueError("stopped after the stale files were removed")
 
-    monkeypatch.setattr(gflow.flow, "make_loss", stop)
+    monkeypatch.setattr(gflow.dynamics._flow, "make_loss", stop)
     cfg = _toml(tmp_path / "c.toml", _tiny_cfg())
     assert gflow.cli.main(["run", str(cfg), "--out", str(d), "--quiet"]) == 2
     assert "already holds a run" in capsys.readouterr().err and (d / "report.json").exists()
@@ -437,9 +438,9 @@ def test_integration_failure_exits_3(tmp_path, capsys, monkeypatch):
     tr = _synthetic(_tiny_cfg())
 
     def fail(*a, **k):
-        raise gflow.flow.FlowError("max_steps reached", stage="I", t=0.5, trajectory=tr, out=tmp_path / "o")
+        raise gflow.dynamics._flow.FlowError("max_steps reached", stage="I", t=0.5, trajectory=tr, out=tmp_path / "o")
 
-    monkeypatch.setattr(gflow.flow, "integrate", fail)
+    monkeypatch.setattr(gflow.runs, "integrate", fail)
     assert gflow.cli.main(["run", "--out", str(tmp_path / "o"), "--quiet"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("gflow run: error: Stage I failed at t = 0.5: max_steps reached (partial trajectory kept")

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.loss import StageLoss
+from gflow.core._loss import StageLoss
 
 # d = 3 trigram, L = 20, N = 200 (a multiple of 4), a short staged run (every
 # stage 2 time units, one solve each).

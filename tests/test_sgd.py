@@ -12,8 +12,8 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import gflow
-from gflow.sde import SDEConfig, gradient_covariance, sde
-from gflow.sgd import SGDConfig, sgd
+from gflow.dynamics._sde import SDEConfig, gradient_covariance, sde
+from gflow.dynamics._sgd import SGDConfig, sgd
 
 CFG = gflow.Config().replace(
     data={"L": 20}, estimator={"N": 200}, init={"a0": 1.0},
@@ -136,7 +136,7 @@ def test_sgd_mean_approaches_flow(loss):
     assert 2.5 < sd[0.2] / sd[0.0125] < 6.5, sd
 
 
-# -- the fresh-sequence sampler of online SGD (gflow.data.sample_fast) --------------------------
+# -- the fresh-sequence sampler of online SGD (gflow.core._data.sample_fast) --------------------------
 
 
 def _z_scores(count, n, p):
@@ -154,7 +154,7 @@ def test_fresh_sampler_transitions_match_the_kernel(parents, start, burn_in):
     window chain's exact stationary law, which burn-in preserves)."""
     import jax
 
-    from gflow.data import DataConfig, sample_fast, stationary_window
+    from gflow.core._data import DataConfig, sample_fast, stationary_window
 
     pi = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3], [0.5, 0.0, 0.5], [0.05, 0.9, 0.05],
                    [0.2, 0.3, 0.5], [0.0, 1.0, 0.0], [0.6, 0.4, 0.0], [0.25, 0.25, 0.5]])  # fmt: skip
@@ -190,7 +190,7 @@ def test_fresh_sampler_kernels_are_dirichlet(alpha):
     import jax.numpy as jnp
     from scipy import stats
 
-    from gflow.data import DataConfig, _log_gamma_mt, sample_fast
+    from gflow.core._data import DataConfig, _log_gamma_mt, sample_fast
 
     cfg = DataConfig(d=3, alpha=alpha, L=4, start="uniform")
     pi = np.asarray(jax.jit(lambda k: sample_fast(cfg, 3000, k))(jax.random.key(5)).pi).reshape(-1, 3)
@@ -209,13 +209,13 @@ def test_fresh_sampler_kernels_are_dirichlet(alpha):
 
 
 def test_fresh_count_features_equal_the_loss_features():
-    """The flat count features of SGD's fresh batches are exactly :func:`gflow.model.features`
+    """The flat count features of SGD's fresh batches are exactly :func:`gflow.core._model.features`
     (layout "counts"), for aligned and shifted windows."""
     import jax
 
-    from gflow.data import DataConfig, sample_fast
-    from gflow.model import ModelConfig, features
-    from gflow.sgd import _count_features_flat
+    from gflow.core._data import DataConfig, sample_fast
+    from gflow.core._model import ModelConfig, features
+    from gflow.dynamics._sgd import _count_features_flat
 
     s = sample_fast(DataConfig(d=3, L=30), 50, jax.random.key(0))
     for model in (ModelConfig(), ModelConfig(M=2, H=2, windows="shifted")):
@@ -235,10 +235,10 @@ def test_fresh_batch_features_are_each_seeds_sample(est):
     import jax
     import jax.numpy as jnp
 
-    from gflow.data import sample_fast, sample_fast_time_major
-    from gflow.loss import resolve_layout
-    from gflow.model import features
-    from gflow.sgd import _fresh_features
+    from gflow.core._data import sample_fast, sample_fast_time_major
+    from gflow.core._loss import resolve_layout
+    from gflow.core._model import features
+    from gflow.dynamics._sgd import _fresh_features
 
     cfg = CFG.replace(data={"L": 20}, estimator=est)
     keys = jax.random.split(jax.random.key(4), 2)
@@ -293,10 +293,10 @@ def test_sde_sigma_subsample(loss):
 
 
 def test_method_sgd_routes_to_gflow_sgd(loss, tmp_path):
-    """``solver.method = "sgd"``: gflow.sgd takes η from solver.eta and ⌈t1/η⌉ steps (the same
+    """``solver.method = "sgd"``: gflow.dynamics._sgd takes η from solver.eta and ⌈t1/η⌉ steps (the same
     run as the explicit SGDConfig), refuses a contradicting SGDConfig naming the fields;
     gflow.integrate, integrate_batch and ``gflow run`` refuse it (exit 2, nothing written)
-    pointing to gflow.sgd."""
+    pointing to gflow.dynamics._sgd."""
     import gflow.cli
 
     cfg = CFG.replace(schedule={"t1": 0.25}, solver={"method": "sgd", "eta": 0.1})
@@ -323,8 +323,8 @@ import json, sys
 import jax, jax.numpy as jnp, numpy as np, equinox as eqx
 jax.config.update("jax_enable_x64", True)
 import gflow
-from gflow.model import init_params
-from gflow.sgd import SGDConfig, _fresh_features, _scale, sgd
+from gflow.core._model import init_params
+from gflow.dynamics._sgd import SGDConfig, _fresh_features, _scale, sgd
 
 cfg = gflow.config.from_dict(json.loads(sys.argv[1]))
 loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)

@@ -11,7 +11,7 @@ import pytest
 
 import gflow
 from gflow.cli import main
-from gflow.sweep import COLUMNS, headline, parse_param, run_sweep, sweep_points
+from gflow.runs._sweep import COLUMNS, headline, parse_param, run_sweep, sweep_points
 
 # The test-size run of tests/test_replicates.py (same shapes: shared compilations).
 TINY = gflow.Config().replace(
@@ -139,5 +139,5 @@ def test_headline_without_report():
     tr = gflow.integrate(TINY)
     h = headline(tr)
     assert set(h) == set(COLUMNS)
-    assert h["S_measured"] == gflow.model.subset_label(tr.subsets[int(np.argmax(tr.c_frac[tr.stage == 1][-1]))])
+    assert h["S_measured"] == gflow.core._model.subset_label(tr.subsets[int(np.argmax(tr.c_frac[tr.stage == 1][-1]))])
     assert h["S_star"] is None and h["slope"] is None and h["checks_passed"] is None

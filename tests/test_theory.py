@@ -1,4 +1,4 @@
-"""Tests of gflow.theory (README §M6) against truth: brute-force enumeration,
+"""Tests of gflow.theory._theory (README §M6) against truth: brute-force enumeration,
 closed forms for kernels with known structure, the model's own derivatives,
 finite differences, and Monte Carlo trends outside their standard errors."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from gflow.config import Config
-from gflow.data import DataConfig, sample
-from gflow.loss import EstimatorConfig, make_loss
-from gflow.model import InitConfig, ModelConfig, Params, features, init_params
-from gflow.theory import (
+from gflow.core._data import DataConfig, sample
+from gflow.core._loss import EstimatorConfig, make_loss
+from gflow.core._model import InitConfig, ModelConfig, Params, features, init_params
+from gflow.theory._theory import (
     LAW_COVERAGE,
     Theory,
     chi2_mi,

@@ -1,0 +1,35 @@
+"""The paper's objects in pure JAX: the n-gram mixture and its sampler (``_data``),
+the transformer TF(M, H, d, D) and its features (``_model``), the Monte Carlo
+population loss with its gradient and standard errors (``_loss``).
+
+Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
+"""
+
+from ._data import DataConfig as DataConfig
+from ._data import Sample as Sample
+from ._data import all_windows as all_windows
+from ._data import sample as sample
+from ._data import sample_fast_time_major as sample_fast_time_major
+from ._data import sample_kernels as sample_kernels
+from ._data import stationary_window as stationary_window
+from ._data import window_law as window_law
+from ._loss import EstimatorConfig as EstimatorConfig
+from ._loss import LossStats as LossStats
+from ._loss import PopulationLoss as PopulationLoss
+from ._loss import StageLoss as StageLoss
+from ._loss import kernel_conditional as kernel_conditional
+from ._loss import make_loss as make_loss
+from ._loss import mean_se as mean_se
+from ._loss import resolve_layout as resolve_layout
+from ._loss import sequence_loss as sequence_loss
+from ._model import CountFeatures as CountFeatures
+from ._model import HeadFeatures as HeadFeatures
+from ._model import InitConfig as InitConfig
+from ._model import ModelConfig as ModelConfig
+from ._model import Params as Params
+from ._model import PositionFeatures as PositionFeatures
+from ._model import features as features
+from ._model import init_params as init_params
+from ._model import subset_label as subset_label
+from ._model import subsets as subsets
+from ._model import window_code_count as window_code_count

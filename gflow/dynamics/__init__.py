@@ -1,0 +1,18 @@
+"""The solves: the stage loop of the paper's gradient flow and the joint flow
+(``_flow``, ``_solve``), replicates integrated at once (``_vmapped``), online SGD
+(``_sgd``) and its diffusion limit (``_sde``).
+
+Layer rule: imports ``_util``, ``core``, ``gflow.config`` and ``gflow.trajectory``;
+hands every saved snapshot to an ``on_save`` hook instead of writing files itself.
+"""
+
+from ._flow import FlowError as FlowError
+from ._flow import check_resumable as check_resumable
+from ._flow import integrate as integrate
+from ._sde import SDEConfig as SDEConfig
+from ._sde import sde as sde
+from ._sgd import SGDConfig as SGDConfig
+from ._sgd import SGDRun as SGDRun
+from ._sgd import sgd as sgd
+from ._vmapped import integrate_batch_with_errors as integrate_batch_with_errors
+from ._vmapped import sample_bytes as sample_bytes

@@ -1,0 +1,575 @@
+"""The gradient flow dθ/dt = −Λ ∇L̂_N(θ), integrated with diffrax (README §M4–§M5).
+
+:func:`integrate` runs a schedule and returns a :class:`~gflow.trajectory.Trajectory`:
+
+- ``schedule.kind = "staged"`` (the paper): Stage I moves only C, Stage II
+  only w, Stage III only a, on one continuous time axis; Stages I and II end
+  at their events (diffrax events, located by a Newton root find) or
+  durations, Stage III at its duration;
+- ``schedule.kind = "joint"`` (extension): every block at once, with time
+  scales ``Λ = diag(η_w, η_C, η_a)``;
+- ``solver.method = "gd"`` (extension): discrete gradient descent
+  ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
+  constant step η), for either schedule.
+
+Each stage is integrated one decade of its own time τ = t − t0 at a time
+(``solver.save_per_decade`` saved points each); the trajectory (with the loss, gradient and
+Monte Carlo standard errors at every saved time) is written to ``out`` after
+each one, so a failure keeps everything up to it and an interrupted run can
+be resumed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._util import STAGE_CODES, cached_call, versions
+from ..config import Config, refuse_sgd
+from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
+from ..trajectory import WRITING, StageRecord, Trajectory
+from ._solve import (
+    COUNTS,
+    LogC,
+    VectorField,
+    as_f64,
+    block_scales,
+    event_coordinates,
+    event_value,
+    fresh_carry,
+    new_tag,
+    save_grid,
+    solve_segment,
+    split_segments,
+    stats_at,
+)
+
+_STAGES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
+
+
+class FlowError(RuntimeError):
+    """An integration that failed: says which stage, at what time and why.
+
+    `trajectory` holds everything up to the failure (also written to `out`
+    when one was given).
+    """
+
+    def __init__(self, message: str, *, stage: str, t: float, trajectory: Trajectory, out=None):
+        where = f" (partial trajectory kept in {str(out)!r})" if out is not None else ""
+        super().__init__(f"Stage {stage} failed at t = {t:.6g}: {message}{where}")
+        self.stage = stage
+        self.t = t
+        self.trajectory = trajectory
+        self.out = out
+
+
+# ---------------------------------------------------------------------------
+# integrate
+# ---------------------------------------------------------------------------
+
+
+def stage_plan(cfg: Config) -> list[tuple[str, float]]:
+    if cfg.schedule.kind == "joint":
+        return [("joint", cfg.schedule.t1)]
+    return list(zip(("I", "II", "III"), cfg.schedule.durations))
+
+
+def params_from(traj: Trajectory, i: int, dtype) -> Params:
+    st = traj.state(i)
+    return Params(w=jnp.asarray(st["w"], dtype), C=jnp.asarray(st["C"], dtype), a=jnp.asarray(st["a"], dtype))
+
+
+def integrate(
+    config: Config = Config(),
+    *,
+    out=None,
+    resume: bool = False,
+    overwrite: bool = False,
+    loss: PopulationLoss | None = None,
+    params0: Params | None = None,
+    verbose: bool = False,
+    throw: bool = True,
+    outputs: list[str] | None = None,
+) -> Trajectory:
+    """Integrate the gradient flow of ``config`` and return its trajectory.
+
+    **Arguments:**
+
+    - `config`: the run (``Config()`` is the paper's default staged run).
+    - `out`: a folder; if given, ``trajectory.npz`` and ``run.json`` are
+      written there after every segment.
+    - `resume`: continue the run saved in `out` from its last saved state
+      (with the step-size controller's saved state: the same steps as an
+      uninterrupted run), up to the (possibly later) end times of ``config``
+      — e.g. a longer Stage III. Every setting that defines the trajectory so
+      far must equal the saved run's (:func:`check_resumable`).
+    - `overwrite`: allow writing over a run already saved in `out` (without
+      it, that is an error: a finished run is never replaced silently); the
+      old run's files, reports and figures are removed first.
+    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
+      seed; passing the same one to several runs compares them on one sample).
+    - `params0`: the initial θ (default: the paper's initialisation).
+    - `verbose`: print a line per segment.
+    - `throw`: raise :class:`FlowError` when the integration fails (default,
+      as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
+      is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
+      the report and the figures): the run ends with status
+      :data:`~gflow.trajectory.WRITING` and these names in its manifest, and becomes ``"complete"``
+      when they are recorded whole (:func:`gflow.trajectory.record_outputs`).
+
+    With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
+    the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
+    saved run ``"interrupted"`` (its last saved snapshot, resumable) before
+    it propagates.
+
+    **Returns:** a :class:`~gflow.trajectory.Trajectory`.
+
+    **Raises:** :class:`FlowError` (with the partial trajectory), unless
+    ``throw=False``, when a stage's solve fails or its vector field is not finite;
+    :class:`~gflow.trajectory.RunFolderError` when `out` is locked by another
+    process or cannot be written.
+    """
+    refuse_sgd(config, "gflow.integrate")  # solver.method = "sgd": gflow.sgd runs it, not the flow
+    kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
+          "throw": throw, "outputs": outputs}
+    if out is None:
+        return _integrate(config, out=None, **kw)
+    with out.lock():
+        try:
+            return _integrate(config, out=out, **kw)
+        except KeyboardInterrupt:
+            out.mark_interrupted()
+            raise
+
+
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None) -> Trajectory:
+    cfg = config
+    dtype = cfg.estimator.jdtype
+    t_wall = time.perf_counter()
+    plan = stage_plan(cfg)
+    # Everything that can be wrong with the request is checked before sampling.
+    if resume:
+        if out is None:
+            raise ValueError("resume=True needs the run folder `out`")
+        traj = out.load()
+        check_resumable(traj, cfg)
+    else:
+        if out is not None and out.holds_run() and not overwrite:
+            raise ValueError(
+                f"{str(out)!r} already holds a run: resume it (resume=True, `gflow run --resume`) "
+                "or pass overwrite=True (`--overwrite`)"
+            )
+        if params0 is None:
+            params0 = init_params(cfg.model, cfg.init, dtype=dtype)
+        check_params(params0, cfg)
+        if out is not None and overwrite:
+            out.remove_stale()
+    if loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+
+    if resume:
+        traj.config = cfg
+        traj.status = "running"  # was "interrupted", "failed: …" or "complete"
+        y = params_from(traj, -1, dtype)
+        t = float(traj.ts[-1])
+        wall0 = traj.wall
+    else:
+        y = Params(**{b: jnp.asarray(getattr(params0, b), dtype) for b in ("w", "C", "a")})
+        t = 0.0
+        wall0 = 0.0
+        H, M = cfg.model.H, cfg.model.M
+        traj = Trajectory.empty(cfg, H, M, len(cfg.model.subsets))
+        traj.versions = versions()
+        _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
+                stage_index=index_of_stage(plan[0][0]))  # fmt: skip
+
+    for name, duration in plan:
+        rec = stage_record(traj, name, duration, t)
+        if rec is None:
+            continue
+        try:
+            y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+        except FlowError as e:
+            if throw:
+                raise
+            return e.trajectory
+
+    traj.status = "complete"
+    if outputs and out is not None:  # complete once the caller has written (and recorded) them
+        traj.status, traj.files = WRITING, {str(n): None for n in outputs}
+    traj.wall = wall0 + time.perf_counter() - t_wall
+    if out is not None:
+        out.save(traj)
+    return traj
+
+
+def stage1_selection(traj: Trajectory) -> list[int]:
+    """The set selected by Stage I: the largest ``c_S/Σc`` at its end."""
+    return list(traj.subsets[traj.c_frac[-1].argmax()])
+
+
+def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=stage1_selection) -> StageRecord | None:
+    """The record of stage `name` to run next (of the given `duration`), or ``None`` when there is
+    nothing to run: a new one starting at `t` (Stage II with the set ``select(traj)``), a resumed
+    one, or the last one completed at its duration, reopened to extend it to a longer one."""
+    rec = next((r for r in traj.stages if r.name == name), None)
+    if rec is not None and rec.complete:
+        new_end = rec.t0 + duration
+        last = traj.stages[-1] is rec
+        if rec.ended_by in ("event", "steady") or new_end <= rec.t1 * (1 + 1e-12) or not last:
+            return None  # nothing to extend
+        rec.complete = False
+    if rec is None:
+        rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=t, t1=t)
+        if name == "II":
+            rec.selected = select(traj)
+        traj.stages.append(rec)
+    return rec
+
+
+def check_params(p: Params, cfg: Config) -> None:
+    shapes = {"w": (cfg.model.H, cfg.model.M), "C": (len(cfg.model.subsets),), "a": ()}
+    for b, shape in shapes.items():
+        x = np.asarray(getattr(p, b))
+        if x.shape != shape or not np.all(np.isfinite(x)):
+            raise ValueError(f"params0.{b} must be a finite array of shape {shape} for this model, got {x.shape}")
+    if not np.any(np.asarray(p.C) != 0):
+        raise ValueError("params0.C must not be all zero (c = C² would have Σc = 0)")
+
+
+def index_of_stage(name: str) -> int:
+    return STAGE_CODES[name]
+
+
+# Settings that may differ on resume: they do not change the trajectory already saved.
+# (schedule.durations / t1 may grow, see check_resumable.) Every other key must be equal.
+_RESUME_FREE = {"solver.max_steps", "solver.progress", "schedule.durations", "schedule.t1"}
+
+
+def check_resumable(saved: Trajectory, new: Config) -> None:
+    """Refuse to resume ``saved`` with a configuration that would not have produced the trajectory
+    saved so far: ``ValueError`` naming the key and both values.
+
+    Every key must be equal except :data:`_RESUME_FREE`. Choices (extension; the paper does not
+    resume): a stage's duration may change only if the saved trajectory stays what the new duration
+    gives — a stage completed at its event may get any duration >= its length; the stage run last (or
+    running) may get a longer one (it is extended); an earlier stage completed at its duration must
+    keep it. The joint ``t1`` may only grow."""
+    a, b = saved.config.to_dict(), new.to_dict()
+    for sec in a:
+        for k in sorted(set(a[sec]) | set(b.get(sec, {}))):
+            key, va, vb = f"{sec}.{k}", a[sec].get(k), b.get(sec, {}).get(k)
+            if key not in _RESUME_FREE and va != vb:
+                raise ValueError(
+                    f"cannot resume: {key} = {vb!r} differs from the saved run's {va!r} (it defines the "
+                    "trajectory saved so far; use the saved value, or start a new run with --overwrite)"
+                )
+    if new.schedule.kind == "joint":
+        if new.schedule.t1 < saved.config.schedule.t1 and float(saved.ts[-1]) > new.schedule.t1:
+            raise ValueError(
+                f"cannot resume: schedule.t1 = {new.schedule.t1!r} is before the saved run's time "
+                f"{float(saved.ts[-1])!r} (saved with {saved.config.schedule.t1!r})"
+            )
+        return
+    old_d, new_d = saved.config.schedule.durations, new.schedule.durations
+    for i, (name, rec) in enumerate((r.name, r) for r in saved.stages):
+        j = ("I", "II", "III").index(name)
+        if new_d[j] == old_d[j]:
+            continue
+        last = rec is saved.stages[-1]
+        length = rec.t1 - rec.t0
+        fine = (rec.ended_by == "event" and new_d[j] >= length) or (last and new_d[j] > old_d[j])
+        if not fine:
+            raise ValueError(
+                f"cannot resume: schedule.durations[{j}] (Stage {name}) = {new_d[j]!r} differs from the saved "
+                f"run's {old_d[j]!r}, and Stage {name} ({rec.ended_by}, length {length:.6g}) would not be the "
+                "saved one: only the last stage run may be extended"
+            )
+
+
+def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *, stage_index: int) -> None:
+    """Append saved states (numpy ``{"w", "C", "a"}`` with a leading axis) with
+    their loss, gradient and standard errors.
+
+    The statistics are computed in blocks of one solve's saved points (a
+    decade, plus an event's time): one compiled shape, little padding."""
+    n = len(ts)
+    block = traj.config.solver.save_per_decade + 1
+    parts = []
+    for i in range(0, n, block):
+        blk = {k: v[i : i + block] for k, v in ys.items()}
+        m = len(blk["a"])
+        blk = {k: np.concatenate([v, np.repeat(v[-1:], block - m, axis=0)]) for k, v in blk.items()}
+        st = jax.device_get(stats_at(loss, Params(**blk)))
+        parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
+    append_rows(traj, ts, ys, jax.tree.map(lambda *xs: np.concatenate(xs), *parts), stage_index=stage_index)
+
+
+def append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index: int) -> None:
+    """Append saved states and their statistics (a numpy ``LossStats`` with a leading axis)."""
+    traj.append(
+        ts=ts, stage=np.full(len(ts), stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
+        loss=st.loss, loss_se=st.loss_se, unseen=st.unseen,
+        grad_w=st.grad.w, grad_C=st.grad.C, grad_a=st.grad.a,
+        grad_se_w=st.grad_se.w, grad_se_C=st.grad_se.C, grad_se_a=st.grad_se.a,
+        grad_norm=st.grad_norm,
+    )  # fmt: skip
+
+
+def _kept_rows(ts, ys: dict, t: float, y_np: dict, moves: tuple[str, ...]) -> tuple[np.ndarray, dict, bool]:
+    """The rows of one solve's saved output worth keeping: after ``t``, without
+    padding, duplicates or unfilled (infinite) times; with the frozen blocks
+    ``y_np`` filled in. Returns the kept times, the full states
+    ``{"w", "C", "a"}`` and whether they are all finite."""
+    ts = np.asarray(ts)
+    nxt = np.concatenate([ts[1:], [np.inf]])
+    keep = np.flatnonzero(np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts)))
+    full = {b: (np.asarray(ys[b]) if b in moves else np.broadcast_to(y_np[b], (len(ts),) + np.shape(y_np[b])))[keep]
+            for b in ("w", "C", "a")}  # fmt: skip
+    return ts[keep], full, all(np.all(np.isfinite(v)) for v in full.values())
+
+
+def _failure(result, ok: bool, sc, name: str) -> str:
+    """Why a stage's solve failed (``ok``: the solver itself succeeded, so the state went non-finite)."""
+    why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
+    return f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
+
+
+@eqx.filter_jit
+def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
+    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
+    g = loss.grad(y)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+    return StageLoss(loss, y, moves), finite
+
+
+_NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's start "
+                        "(e.g. estimator.eps = 0 with tokens absent from a context)")
+
+
+class StageRun:
+    """One run's passage through one stage, on the host: everything around the
+    compiled solves, shared by the single driver (:func:`run_stage`) and the
+    batched one (``gflow.vmapped``), so the two cannot drift apart.
+
+    It decides how the stage starts (:meth:`start`: a non-finite field fails at
+    once, an event already met ends the stage, otherwise the stage's save grid
+    is cut into solves of one decade each), what the j-th solve integrates
+    (:meth:`solve_args`), which of a solve's saved rows are kept
+    (:meth:`take`), and what follows a solve (:meth:`settle`: a failure, the
+    stage's event, its last solve, or the next solve), keeping the stage
+    record (times, steps, evaluations, wall time, how it ended) and the run's
+    status and folder up to date. A failure is recorded in `error` (a
+    :class:`FlowError` with the partial trajectory); the driver decides
+    whether to raise it.
+    """
+
+    # count every solver's evaluations on the host (tests/test_flow.py compares the two counts)
+    host_count = False
+
+    def __init__(self, traj: Trajectory, rec: StageRecord, cfg: Config, y_np: dict, t: float, t_end: float,
+                 out, *, wall0: float, t_wall: float, verbose: bool = False,
+                 batched: bool = False):  # fmt: skip
+        self.traj, self.rec, self.cfg, self.out = traj, rec, cfg, out
+        self.y_np, self.t, self.t_end = y_np, t, t_end
+        self.wall0, self.t_wall, self.verbose = wall0, t_wall, verbose
+        self.name = rec.name
+        self.moves = _STAGES[rec.name]
+        self.index = index_of_stage(rec.name)
+        self.heads = tuple(rec.selected or ())
+        events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
+        self.event_stage = rec.name if events else None
+        # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
+        self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
+        # the joint flow integrates the selector in log coordinates (LogC; η_C = 0: C is constant,
+        # kept in C so that it stays bit for bit)
+        self.log_c = (rec.name == "joint" and cfg.solver.method_for(rec.name) != "gd"
+                      and cfg.solver.joint_coords == "log" and cfg.schedule.eta_C > 0)  # fmt: skip
+        self.sign_C = LogC.to_log(y_np["C"])[0] if self.log_c else None
+        self.t_stage = time.perf_counter()
+        self.wall_before, self.nfev_before = rec.wall, rec.nfev
+        # evaluations: counted in the compiled program for explicit solvers (no host callback,
+        # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
+        # (the batched driver counts on the host: each replicate counts the batched evaluations)
+        self.in_program = (not (batched or StageRun.host_count)
+                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd"))  # fmt: skip
+        self.tag = new_tag()
+        self.nfev_program = 0
+        self.segs: list[np.ndarray] = []
+        self.j = 0
+        self.error: FlowError | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether solves remain."""
+        return self.error is None and not self.rec.complete and self.j < len(self.segs)
+
+    def _clock(self) -> None:
+        rec = self.rec
+        rec.nfev = self.nfev_before + COUNTS.get(self.tag, 0) + self.nfev_program
+        rec.wall = self.wall_before + time.perf_counter() - self.t_stage
+        self.traj.wall = self.wall0 + time.perf_counter() - self.t_wall
+
+    def _save(self) -> None:
+        if self.out is not None:
+            self.out.save(self.traj)
+
+    def fail(self, msg: str, t_fail: float) -> None:
+        rec, traj = self.rec, self.traj
+        rec.ended_by = "failed"
+        rec.t1 = float(traj.ts[-1])
+        self._clock()
+        traj.status = f"failed: Stage {self.name} at t = {t_fail:.6g}: {msg}"
+        self._save()
+        self.error = FlowError(msg, stage=self.name, t=t_fail, trajectory=traj, out=self.out)
+
+    def end(self, ended_by: str) -> None:
+        rec = self.rec
+        rec.ended_by, rec.complete, rec.t1 = ended_by, True, self.t
+        self._clock()
+
+    def close(self) -> None:
+        """Stop counting this run's evaluations."""
+        COUNTS.pop(self.tag, None)
+
+    def start(self, finite0: bool) -> bool:
+        """Begin the stage given whether ∇L̂ is finite at its start; whether solves follow."""
+        if not finite0:
+            self.fail(_NOT_FINITE_AT_START, self.t)
+            return False
+        cfg = self.cfg
+        if self.event_stage is not None and float(event_value(self.name, self.y_np, cfg.schedule.delta,
+                                                               self.heads)) >= 0:  # fmt: skip
+            self.end("event")
+            return False
+        grid = save_grid(self.rec.t0, self.t_end, cfg)
+        grid = grid[grid > self.t * (1 + 1e-12)]
+        self.segs = split_segments(grid, cfg.solver.save_per_decade) if len(grid) else []
+        if not self.segs:
+            self.end("duration")
+            return False
+        return True
+
+    def steady_args(self):
+        """``(stage start time, the event's coordinates there)`` for the steady test (a resumed
+        stage: from its first saved row), or ``None`` when the stage cannot end steady."""
+        if not self.steady:
+            return None
+        traj = self.traj
+        i0 = min(int(np.searchsorted(traj.ts, self.rec.t0 * (1 - 1e-12))), len(traj.ts) - 1)
+        st0 = traj.state(i0)
+        dtype = self.cfg.estimator.jdtype
+        phi0 = event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads)
+        return as_f64(self.rec.t0), phi0
+
+    def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
+        """The j-th solve: its moving blocks' start, its start and end times, and its saved times."""
+        seg = self.segs[self.j]
+        y0 = {b: self.y_np[b] for b in self.moves}
+        if self.log_c:
+            y0["C"] = LogC.to_log(self.y_np["C"])[1]
+        return y0, self.t, float(seg[-1]), seg
+
+    def take(self, ts, ys: dict, result, stats):
+        """Count a solve's steps and keep its rows; returns the rows to append
+        (``(ts, {"w", "C", "a"})``, or ``None``) and the solve's outcome for :meth:`settle`."""
+        rec = self.rec
+        if self.log_c:
+            ys = {**ys, "C": LogC.from_log(self.sign_C, ys["C"])}
+        if self.in_program:
+            self.nfev_program += int(stats["nfev"])
+        rec.steps += int(stats["num_accepted_steps"])
+        rec.rejected += int(stats["num_rejected_steps"])
+        ts_kept, full, finite = _kept_rows(ts, ys, self.t, self.y_np, self.moves)
+        rows = (ts_kept, full) if finite and len(ts_kept) else None
+        return rows, (result, finite, ts_kept, full, bool(stats.get("steady", False)))
+
+    def settle(self, outcome) -> None:
+        """After the solve's rows are appended: fail, end (event or last solve), or go on."""
+        result, finite, ts_kept, full, settled = outcome
+        traj, sc = self.traj, self.cfg.solver
+        ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
+        if not ok or not finite:
+            self.fail(_failure(result, ok, sc, self.name), float(traj.ts[-1]))
+            return
+        if len(ts_kept):
+            self.y_np = {b: v[-1] for b, v in full.items()}
+            self.t = float(ts_kept[-1])
+        self.rec.t1 = self.t
+        self._clock()
+        self.j += 1
+        if self.verbose:
+            print(f"  stage {self.name}: t = {self.t:.4g}, loss = {traj.loss[-1]:.6f}, steps = {self.rec.steps}, "
+                  f"nfev = {self.rec.nfev}, {self.rec.wall:.1f} s", flush=True)  # fmt: skip
+        if bool(result == diffrax.RESULTS.event_occurred):
+            self.end("steady" if settled else "event")
+        elif self.j == len(self.segs):
+            self.end("duration")
+        self._save()
+
+    def carry0(self, dtype):
+        """The controller carry of the stage's first solve here: the saved one when the run was
+        interrupted at this very point (a resumed run continues with these very steps), else fresh."""
+        carry = fresh_carry(dtype)
+        saved = self.traj.controller
+        here = saved is not None and saved.get("stage") == self.name and saved.get("t") == self.t
+        if here and not self.cfg.solver.is_gd:
+            leaves = [jnp.asarray(v, x.dtype) for v, x in zip(saved["state"], jax.tree.leaves(carry))]
+            carry = jax.tree.unflatten(jax.tree.structure(carry), leaves)
+        return carry
+
+    def keep_carry(self, rows, carry) -> None:
+        """Record the controller carry after a solve (`rows`: what :meth:`take` returned), saved
+        with the next snapshot (:meth:`settle` saves)."""
+        t_now = float(rows[0][-1]) if rows is not None else self.t
+        self.traj.controller = {"stage": self.name, "t": t_now,
+                                "state": [np.asarray(x).item() for x in jax.tree.leaves(carry)]}  # fmt: skip
+
+
+def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_end: float, out, verbose,
+               wall0, t_wall):  # fmt: skip
+    """One stage of one run (the single driver of :class:`StageRun`); raises its :class:`FlowError`."""
+    dtype = cfg.estimator.jdtype
+    run = StageRun(traj, rec, cfg, {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}, t, t_end, out,
+                    wall0=wall0, t_wall=t_wall, verbose=verbose)  # fmt: skip
+    # Checked before the (possibly long) solve: a non-finite field fails at once.
+    sl, finite0 = stage_start(loss, y, run.moves)
+    try:
+        _solves(run, loss, sl, finite0)
+    finally:
+        run.close()
+    if run.error is not None:
+        raise run.error
+    return Params(**{b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
+
+
+def _solves(run: StageRun, loss, sl, finite0) -> None:
+    cfg, traj = run.cfg, run.traj
+    dtype = cfg.estimator.jdtype
+    if run.start(bool(finite0)):
+        sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
+        tag = None if run.in_program else jnp.asarray(run.tag)
+        vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
+        sc = cfg.solver
+        carry = run.carry0(dtype)
+        steady_args = run.steady_args()
+        while run.running:
+            y0, t0, t1, seg = run.solve_args()
+            ts, ys, result, stats, carry = cached_call(solve_segment, (
+                vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
+                carry), dict(method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
+                steady=run.steady, t_stage0=steady_args), result_at=2,
+            )  # fmt: skip
+            rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
+            if rows is not None:
+                _append(traj, loss, *rows, stage_index=run.index)
+            run.keep_carry(rows, carry)
+            run.settle(outcome)
+

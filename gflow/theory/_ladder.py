@@ -1,0 +1,344 @@
+"""The loss ladder: how good a loss is, against baselines on the same sample (README §M8.3).
+
+Every rung is a predictor ``p ∈ Δ_d`` of the target ``x_{L+1}`` from the
+context ``X = (x_1, …, x_L)``, scored per sequence with the run's own loss
+(``estimator.loss``, ``ε``; :func:`gflow.loss.sequence_loss`), on the run's
+own sample, so that the difference of two rungs has a *paired* standard error
+(the per-sequence differences are i.i.d.). From the floor up:
+
+- ``oracle``: ``p = π(·|z_q)``, the predictor that knows the kernel. With
+  ``loss="log"`` its loss is ``−Σ_e π(e|z_q) log(π(e|z_q) + ε)``, the entropy
+  ``H(π(·|z_q))`` up to at most ``d·ε`` (``entropy`` holds ``E H`` itself).
+- ``bayes``: the Dirichlet posterior predictive from the context's
+  transitions, ``p(e) = (n(z_q, e) + α) / (n(z_q) + dα)`` with ``n(z, e)`` the
+  number of positions ``l ≤ L`` of ``X`` whose parents ``x_{l−p_1}, …,
+  x_{l−p_k}`` all lie inside ``X`` (``l > p_k``), with parent configuration
+  ``z`` and ``x_l = e``. ``n(z_q, e)`` is exactly the GIH's match count
+  ``N₁(e)`` on the offset set ``S = parents`` (:func:`gflow.theory.gih_counts`,
+  whose padding never matches), which is how it is computed.
+- ``gih``: the generalized induction head of the selected set ``S`` at
+  ``a = argmin_a L_GIH(a)`` (``inf_a L_GIH``; the theory's ``a`` when given,
+  else :func:`gih_argmin`).
+- ``unigram``: the context's unigram ``p(e) = #{l ≤ L : x_l = e} / L``, the
+  GIH at ``a = 0`` (for any ``S``).
+- ``flow``: the trained model ``TF(θ)`` at the given parameters.
+
+Gaps ``flow − bayes`` and ``gih − bayes`` (and ``unigram − bayes``,
+``bayes − oracle``) carry the paired SE ``std(ℓ_A − ℓ_B)/√N``; ``captured`` is
+the share of the in-context gain the flow realises,
+``(unigram − flow) / (unigram − bayes)``, with a delta-method SE.
+
+Choices (extension of the paper, which is silent here):
+
+- **Bayes is Bayes-optimal only for** ``start="uniform"`` **without a fixed
+  kernel**: the uniform start tokens' likelihood does not depend on ``π``, so
+  the posterior of each row ``π(·|z)`` is ``Dirichlet(α + n(z, ·))``. With a
+  stationary start the exact posterior also carries the start window's
+  stationary probability ``μ_π(x_1..x_{p_k})``, which this predictor drops (a
+  ``O(1/L)`` effect); with a burn-in the same holds; with a fixed kernel
+  (``data.kernel``) the prior is a point mass and the oracle is the Bayes
+  predictor, while the ``bayes`` rung still uses the ``Dirichlet(α)`` prior.
+- **``loss="ce_on_probs"``**: every rung's probability vector is scored with
+  that same functional, ``−Σ_e π(e|z_q) log softmax(p)_e``. That functional
+  is not a proper scoring rule, so the oracle is then not a floor and the
+  ladder's order is not guaranteed; the ``entropy`` field is still ``E H``.
+- **Cost**: the Bayes counts and the GIH counts each take one pass over the
+  sample (like one loss evaluation), the flow rung one loss evaluation; the
+  oracle and the unigram are closed forms, and minimising ``L_GIH`` over
+  ``a`` uses the GIH's ``O(N d)`` closed form, not the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core import (
+    CountFeatures,
+    DataConfig,
+    Params,
+    PopulationLoss,
+    PositionFeatures,
+    Sample,
+    sequence_loss,
+    subset_label,
+)
+from ..core import mean_se as _loss_mean_se
+from ._gih import gih_counts, make_gih
+
+__all__ = ["RUNGS", "Ladder", "bayes_counts", "bayes_predictive", "format_ladder", "gih_argmin", "loss_ladder"]
+
+RUNGS = ("oracle", "bayes", "gih", "unigram", "flow")
+_GAPS = (("flow", "bayes"), ("gih", "bayes"), ("unigram", "bayes"), ("bayes", "oracle"), ("flow", "gih"))
+
+
+def bayes_counts(source, parents) -> jnp.ndarray:
+    """``n(z_q, e)`` of every sequence, ``(N, d)`` float64: the number of
+    positions ``l ≤ L`` with all parents inside ``X``, parent configuration
+    equal to the query's ``z_q`` and ``x_l = e``.
+
+    `source` is a :class:`~gflow.data.Sample` or
+    :class:`~gflow.model.PositionFeatures` (any parents), or
+    :class:`~gflow.model.CountFeatures` when ``p_k ≤ M`` (the window codes
+    encode offsets ``1..M`` only). Computed as the GIH's ``N₁(e)`` on
+    ``S = parents``.
+    """
+    parents = tuple(int(p) for p in parents)
+    if isinstance(source, CountFeatures):
+        d, K = source.counts.shape[1:]
+        M = round(math.log(K) / math.log(d + 1))
+        if max(parents) > M:
+            raise ValueError(
+                f"the Bayes rung needs the context's tokens: parents {parents} reach beyond the model's "
+                f"window M={M} of the counts layout; pass the Sample (sample=...) or use layout='positions'"
+            )
+        return gih_counts(source, parents, M=M)[0]
+    if isinstance(source, (Sample, PositionFeatures)):
+        return gih_counts(source, parents)[0]
+    raise TypeError(f"bayes_counts: source must be a Sample or a feature set, got {type(source)}")
+
+
+def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
+    """The Dirichlet posterior predictive ``(n(z_q, e) + α) / (n(z_q) + dα)``
+    from counts ``n`` of shape ``(..., d)``."""
+    n = jnp.asarray(n, jnp.float64)
+    d = n.shape[-1]
+    return (n + alpha) / (n.sum(-1, keepdims=True) + d * alpha)
+
+
+@functools.partial(jax.jit, static_argnames="kind")
+def _score(p, cond, eps, kind: str):
+    return jax.vmap(lambda pp, c: sequence_loss(pp, c, eps, kind))(p, cond)
+
+
+@jax.jit
+def _entropy(cond):
+    """``H(π(·|z_q)) = −Σ_e π log π`` per sequence (``0 log 0 = 0``)."""
+    return -jnp.sum(jnp.where(cond > 0, cond * jnp.log(jnp.where(cond > 0, cond, 1.0)), 0.0), -1)
+
+
+@eqx.filter_jit
+def _gih_mean_losses(gih, a_grid):
+    return jax.lax.map(gih.loss, a_grid)
+
+
+def gih_argmin(gih, *, a_max: float = 30.0, n: int = 61) -> float:
+    """``argmin_a L_GIH(a)`` over ``[0, a_max] ∪ {∞}``: the grid minimum of
+    ``n`` points, refined on a second grid of ``n`` points between its
+    neighbours (two vectorised passes of the GIH's ``O(N d)`` closed form;
+    ``a`` to ``a_max/(n−1)²``, the loss to second order in that). Returns
+    ``math.inf`` when the limit ``a → ∞`` is lower. It agrees with
+    :func:`gflow.theory.limit_loss`'s refined infimum (used by the theory
+    and the check report, which pass their ``a``) to the grid's precision."""
+    a = np.linspace(0.0, a_max, n)
+    L = np.asarray(_gih_mean_losses(gih, jnp.asarray(a)))
+    i = int(np.argmin(L))
+    lo, hi = a[max(i - 1, 0)], a[min(i + 1, n - 1)]
+    a2 = np.linspace(lo, hi, n)
+    L2 = np.asarray(_gih_mean_losses(gih, jnp.asarray(a2)))
+    j = int(np.argmin(L2))
+    if float(jnp.mean(gih.per_sequence_loss_inf())) < L2[j]:
+        return math.inf
+    return float(a2[j])
+
+
+def mean_se(x: np.ndarray) -> tuple[float, float]:
+    """Mean and ``std/√N``, by the estimator's own reduction
+    (:func:`gflow.loss._mean_se`)."""
+    m, se = _loss_mean_se(jnp.asarray(x))
+    return float(m), float(se)
+
+
+def _f(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """The ladder of one sample.
+
+    - `values`: rung name → per-sequence losses ``(N,)`` (numpy), for the
+      rungs of :data:`RUNGS` that were computed (``flow`` only with `params`).
+    - `S`: the GIH's set of offsets; `a_gih`: where ``L_GIH`` is smallest
+      (``math.inf`` for the limit ``a → ∞``).
+    - `entropy`, `entropy_se`: ``E H(π(·|z_q))`` (exact per sequence).
+    - `kind`, `eps`: the loss scored; `bayes_optimal`: whether the ``bayes``
+      rung is exactly Bayes-optimal for this data configuration.
+    """
+
+    values: dict[str, np.ndarray]
+    S: tuple[int, ...]
+    a_gih: float
+    entropy: float
+    entropy_se: float
+    kind: str
+    eps: float
+    alpha: float
+    bayes_optimal: bool
+
+    @property
+    def N(self) -> int:
+        return len(next(iter(self.values.values())))
+
+    def mean(self, name: str) -> float:
+        return mean_se(self.values[name])[0]
+
+    def se(self, name: str) -> float:
+        return mean_se(self.values[name])[1]
+
+    def gap(self, a: str, b: str) -> tuple[float, float]:
+        """``rung a − rung b`` and its paired SE."""
+        return mean_se(self.values[a] - self.values[b])
+
+    def captured(self) -> tuple[float, float] | None:
+        """``(unigram − flow) / (unigram − bayes)`` and its delta-method SE
+        (``None`` without the flow rung or when ``unigram = bayes``)."""
+        if "flow" not in self.values:
+            return None
+        u, f, b = (self.values[k] for k in ("unigram", "flow", "bayes"))
+        num, den = u - f, u - b
+        D = float(np.mean(den))
+        if D == 0:
+            return None
+        R = float(np.mean(num)) / D
+        resid = (num - R * den) / D
+        return R, mean_se(resid)[1]
+
+    def to_json(self) -> dict:
+        rungs = [
+            {"name": k, "loss": _f(self.mean(k)), "se": _f(self.se(k))} for k in RUNGS if k in self.values
+        ]
+        gaps = []
+        for a, b in _GAPS:
+            if a in self.values and b in self.values:
+                g, s = self.gap(a, b)
+                gaps.append({"name": f"{a} − {b}", "a": a, "b": b, "gap": _f(g), "se": _f(s)})
+        cap = self.captured()
+        return {
+            "rungs": rungs,
+            "gaps": gaps,
+            "captured": None if cap is None else {"value": _f(cap[0]), "se": _f(cap[1])},
+            "S": list(self.S),
+            "label": subset_label(self.S),
+            "a_gih": _f(self.a_gih),
+            "a_gih_is_inf": math.isinf(self.a_gih),
+            "entropy": _f(self.entropy),
+            "entropy_se": _f(self.entropy_se),
+            "N": self.N,
+            "loss": self.kind,
+            "eps": self.eps,
+            "alpha": self.alpha,
+            "bayes_optimal": self.bayes_optimal,
+        }
+
+
+def loss_ladder(
+    loss: PopulationLoss,
+    data: DataConfig,
+    *,
+    S,
+    params: Params | None = None,
+    a_gih: float | None = None,
+    sample: Sample | None = None,
+    pi_cond=None,
+) -> Ladder:
+    """The ladder on `loss`'s sample (README §M8.3); see the module docstring.
+
+    **Arguments:**
+
+    - `loss`: the run's estimator (its sample, ``ε`` and loss kind are used).
+    - `data`: the data configuration that drew that sample (``α``, parents).
+    - `S`: the GIH's set of offsets (the run's selected set, or ``S*``).
+    - `params`: the trained θ for the ``flow`` rung (none: no flow rung).
+    - `a_gih`: where to evaluate the GIH (``math.inf`` allowed), e.g. the
+      theory's ``a_limit``; default ``argmin_a L_GIH(a)`` by :func:`gih_argmin`.
+    - `sample`: the sample itself, needed for the Bayes counts only with the
+      counts layout when the parents reach beyond the model's window ``M``.
+    - `pi_cond`: ``π(·|z_q)`` of every sequence, ``(N, d)``, when the loss's target is not
+      it (``estimator.target = "drawn"``, whose target is the drawn token ``e(y)``:
+      :func:`gflow.loss.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
+      scored against the loss's target, and the entropy is that of ``π(·|z_q)``; without
+      it a drawn target would make the oracle "know" the drawn token (loss ≈ 0) and the
+      Bayes − oracle row vacuous.
+    """
+    if loss.d != data.d:
+        raise ValueError(f"loss_ladder: the estimator has d={loss.d}, the data configuration data.d={data.d}")
+    kind, eps = loss.kind, float(loss.eps)
+    cond = jnp.asarray(loss.feats.cond, jnp.float64)
+    score = lambda p, c: _score(p, c, jnp.asarray(eps, jnp.float64), kind)
+
+    values: dict[str, np.ndarray] = {}
+    pi = cond if pi_cond is None else jnp.asarray(pi_cond, jnp.float64)
+    if pi.shape != cond.shape:
+        raise ValueError(f"loss_ladder: pi_cond has shape {pi.shape}, the loss's targets {cond.shape}")
+    values["oracle"] = np.asarray(score(pi, cond))
+    ent = np.asarray(_entropy(pi))
+
+    src = sample if sample is not None else loss.feats
+    n = bayes_counts(src, data.parents)
+    values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))
+
+    gih = make_gih(loss, tuple(S))
+    a_gih = gih_argmin(gih) if a_gih is None else float(a_gih)
+    if math.isinf(a_gih):
+        values["gih"] = np.asarray(gih.per_sequence_loss_inf())
+    else:
+        values["gih"] = np.asarray(gih.per_sequence_loss(jnp.asarray(a_gih, jnp.float64)))
+    values["unigram"] = np.asarray(gih.per_sequence_loss(jnp.asarray(0.0, jnp.float64)))
+    if params is not None:
+        values["flow"] = np.asarray(_per_sequence(loss, params), np.float64)
+
+    values = {k: np.asarray(v, np.float64) for k, v in values.items()}
+    e_m, e_se = mean_se(ent)
+    optimal = data.start == "uniform" and data.burn_in == 0 and data.kernel is None
+    return Ladder(
+        values=values, S=tuple(int(h) for h in S), a_gih=a_gih, entropy=e_m, entropy_se=e_se,
+        kind=kind, eps=eps, alpha=float(data.alpha), bayes_optimal=optimal,
+    )  # fmt: skip
+
+
+@eqx.filter_jit
+def _per_sequence(loss: PopulationLoss, params: Params):
+    return loss.per_sequence(params)
+
+
+_NAMES = {
+    "oracle": "oracle  E −Σπ log(π+ε)  (knows π)",
+    "bayes": "Bayes   Dirichlet posterior predictive",
+    "gih": "GIH     inf_a L_GIH",
+    "unigram": "unigram context (GIH at a = 0)",
+    "flow": "flow    TF(θ) at the end",
+}
+
+
+def format_ladder(lad: dict) -> str:
+    """Text rendering of :meth:`Ladder.to_json`'s dict."""
+    where = "a → ∞" if lad.get("a_gih_is_inf") else f"a = {lad['a_gih']:.4g}"
+    head = (
+        f"Loss ladder on the run's sample (N = {lad['N']}, loss {lad['loss']!r}, paired SEs; "
+        f"GIH on S = {lad['label']} at {where})"
+    )
+    out = [head]
+    for r in lad["rungs"]:
+        out.append(f"  {_NAMES[r['name']]:<42} {r['loss']:.6f} ± {r['se']:.2g}")
+    out.append(f"  E H(π(·|z_q)) = {lad['entropy']:.6f} ± {lad['entropy_se']:.2g}")
+    for g in lad["gaps"]:
+        out.append(f"  gap {g['name']:<18} {g['gap']:+.6f} ± {g['se']:.2g}")
+    if lad.get("captured"):
+        c = lad["captured"]
+        out.append(f"  captured (unigram − flow)/(unigram − Bayes) = {c['value']:.4f} ± {c['se']:.2g}")
+    if not lad["bayes_optimal"]:
+        out.append(
+            "  note: Bayes is exactly Bayes-optimal only for start='uniform', no burn-in and no fixed kernel; "
+            "here it drops the start's likelihood (or the prior is a point mass)"
+        )
+    return "\n".join(out)
