@@ -1,4 +1,4 @@
-"""Compare the resource preflight's memory estimate (gflow._preflight) with the measured peak
+"""Compare the resource preflight's memory estimate (gflow.runs.estimate_memory) with the measured peak
 resident memory of building the loss and taking one gradient and the loss statistics, each
 configuration in a fresh process (peak RSS minus the RSS after importing gflow and a warm-up).
 
@@ -22,8 +22,8 @@ CHILD = r"""
 import json, resource, sys
 import jax, jax.numpy as jnp
 import gflow
-from gflow._preflight import estimate
-from gflow.model import init_params
+from gflow.core import init_params
+from gflow.runs import estimate_memory
 jnp.ones(3).sum().block_until_ready()
 def rss():
     with open("/proc/self/status") as f:
@@ -37,7 +37,7 @@ p = init_params(cfg.model, cfg.init)
 jax.block_until_ready(loss.value_and_grad(p))
 jax.block_until_ready(loss.stats(p))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-est = sum(x.bytes for x in estimate(cfg))
+est = sum(x.bytes for x in estimate_memory(cfg))
 print(json.dumps({"estimate": est, "measured": peak - base}))
 """
 
