@@ -403,8 +403,7 @@ def _without_config(th) -> dict:
 
 
 def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, one_figure):
-    import gflow.core._loss
-    import gflow.theory._theory
+    import gflow.runs._folder
 
     calls = []
 
@@ -412,8 +411,8 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
         calls.append((data, model, estimator, init, kw))
         return theory
 
-    monkeypatch.setattr(gflow.theory._theory, "theory_report", fake_report)
-    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", fake_report)
+    monkeypatch.setattr(gflow.runs._folder, "make_loss", lambda *cfgs: ("the run's loss", cfgs))
     d = tmp_path / "run"
     save(traj, d)
     (path,) = gflow.plot_run(d)
@@ -443,8 +442,7 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
 def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, monkeypatch):
     """load_or_compute reuses a theory.json whose configuration key is the run's,
     and recomputes one with another estimator seed."""
-    import gflow.core._loss
-    import gflow.theory._theory
+    import gflow.runs._folder
     from gflow.runs import load_or_compute
     from gflow.theory._result import config_key
 
@@ -462,8 +460,8 @@ def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, mo
     def fail(*a, **k):
         raise RuntimeError("recomputed")
 
-    monkeypatch.setattr(gflow.theory._theory, "theory_report", fail)
-    monkeypatch.setattr(gflow.core._loss, "make_loss", lambda *cfgs: None)
+    monkeypatch.setattr(gflow.runs._folder, "theory_report", fail)
+    monkeypatch.setattr(gflow.runs._folder, "make_loss", lambda *cfgs: None)
     js["config"]["estimator"]["seed"] += 1
     gflow.runs.save_theory(d / "theory.json", js)  # a valid checksum, another key: recomputed
     with pytest.raises(RuntimeError, match="recomputed"):
