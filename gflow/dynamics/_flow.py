@@ -32,7 +32,7 @@ import numpy as np
 from .._util import STAGE_CODES, cached_call, versions
 from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
-from ..trajectory import StageRecord, Trajectory
+from ..trajectory import WRITING, StageRecord, Trajectory
 from ._solve import (
     COUNTS,
     LogC,
@@ -94,6 +94,7 @@ def integrate(
     params0: Params | None = None,
     verbose: bool = False,
     throw: bool = True,
+    outputs: list[str] | None = None,
 ) -> Trajectory:
     """Integrate the gradient flow of ``config`` and return its trajectory.
 
@@ -117,6 +118,10 @@ def integrate(
     - `throw`: raise :class:`FlowError` when the integration fails (default,
       as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
       is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
+      the report and the figures): the run ends with status
+      :data:`~gflow.trajectory.WRITING` and these names in its manifest, and becomes ``"complete"``
+      when they are recorded whole (:func:`gflow.trajectory.record_outputs`).
 
     With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
     the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
@@ -132,7 +137,7 @@ def integrate(
     """
     refuse_sgd(config, "gflow.integrate")  # solver.method = "sgd": gflow.sgd runs it, not the flow
     kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
-          "throw": throw}
+          "throw": throw, "outputs": outputs}
     if out is None:
         return _integrate(config, out=None, **kw)
     with out.lock():
@@ -143,7 +148,7 @@ def integrate(
             raise
 
 
-def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw) -> Trajectory:
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None) -> Trajectory:
     cfg = config
     dtype = cfg.estimator.jdtype
     t_wall = time.perf_counter()
@@ -196,6 +201,8 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
             return e.trajectory
 
     traj.status = "complete"
+    if outputs and out is not None:  # complete once the caller has written (and recorded) them
+        traj.status, traj.files = WRITING, {str(n): None for n in outputs}
     traj.wall = wall0 + time.perf_counter() - t_wall
     if out is not None:
         out.save(traj)

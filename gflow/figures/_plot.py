@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._util import atomic_savefig
 from ..theory import Theory
 from ..trajectory import Trajectory, load
 from ._base import (
@@ -213,7 +214,7 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     if s3 is not None and s3.limit_loss is not None:
         lines.append(f"  inf_a L_GIH = {s3.limit_loss:.4f} ± {s3.limit_loss_se or 0:.2g}")
     lines.append("")
-    lines.append(f"status: {traj.status}; wall {traj.wall:.0f} s")
+    lines.append(f"status: {'complete' if traj.integrated else traj.status}; wall {traj.wall:.0f} s")
     lines.append(f"N = {cfg.estimator.N}, seed {cfg.estimator.seed}, solver {cfg.solver.method}")
     return "\n".join(lines)
 
@@ -296,6 +297,6 @@ def draw_run(
     paths = []
     for name, make in _FIGURES.items():
         p = figdir / f"{name}.{fmt}"
-        make(traj, theory).savefig(p, dpi=DPI)
+        atomic_savefig(make(traj, theory), p, dpi=DPI)  # a kill while drawing leaves no truncated figure
         paths.append(p)
     return paths

@@ -16,7 +16,15 @@ from ._folder import integrate_batch_with_errors as integrate_batch_with_errors
 from ._folder import load_or_compute as load_or_compute
 from ._folder import lock as lock
 from ._folder import plot_run as plot_run
+from ._folder import save_theory as save_theory
+from ._folder import theory_digest as theory_digest
 from ._phase import merge_shards as merge_shards
 from ._phase import run_phase as run_phase
+from ._preflight import ResourceError as ResourceError
+from ._preflight import estimate_memory as estimate_memory
+from ._preflight import fmt_bytes as fmt_bytes
+from ._preflight import preflight as preflight
+from ._replicates import default_batch as default_batch
 from ._replicates import run_replicates as run_replicates
 from ._sweep import run_sweep as run_sweep
+from ._sweep import sweep_points as sweep_points

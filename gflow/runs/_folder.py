@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from .._util import atomic_write_json, atomic_write_text, jsonable, remove_temporaries
@@ -30,7 +32,7 @@ from ..dynamics import integrate as integrate_flow
 from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
 from ..figures import FORMATS, draw_run
 from ..theory import Theory, config_key, theory_report
-from ..trajectory import Trajectory, folder_error, load, save, selected_set
+from ..trajectory import FIGURE_NAMES, Trajectory, folder_error, load, save, selected_set
 
 _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
 
@@ -94,7 +96,9 @@ def lock(out: str | Path):
     f.truncate()
     f.write(str(os.getpid()))
     f.flush()
-    remove_temporaries(out, "trajectory.npz", "run.json")  # left by a writer killed mid-save (none is alive now)
+    # left by a writer killed mid-save (none is alive now)
+    remove_temporaries(out, "trajectory.npz", "run.json", "theory.json", "report.json", "report.md",
+                       *(f"figures/{n}.{x}" for n in FIGURE_NAMES for x in FORMATS))  # fmt: skip
     _HELD[key] = [f, 1]
     try:
         yield out
@@ -166,6 +170,7 @@ def integrate(
     params0: Params | None = None,
     verbose: bool = False,
     throw: bool = True,
+    outputs: list[str] | None = None,
 ) -> Trajectory:
     """Integrate the gradient flow of ``config`` and return its trajectory.
 
@@ -189,6 +194,10 @@ def integrate(
     - `throw`: raise :class:`~gflow.FlowError` when the integration fails (default,
       as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
       is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
+      the report and the figures): the run ends with the status ``gflow.trajectory.WRITING`` and
+      these names in its ``files`` manifest, and becomes ``"complete"`` when they are recorded whole
+      (``gflow.trajectory.record_outputs``).
 
     With `out`, the folder's lock (:func:`lock`) is held for the whole
     integration, and a ``KeyboardInterrupt`` (SIGINT) marks the saved run
@@ -202,7 +211,7 @@ def integrate(
     process or cannot be written.
     """
     return integrate_flow(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss,
-                          params0=params0, verbose=verbose, throw=throw)  # fmt: skip
+                          params0=params0, verbose=verbose, throw=throw, outputs=outputs)  # fmt: skip
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
@@ -281,6 +290,10 @@ def load_or_compute(
     configuration, or `loss`). The selected set's law is added when missing.
     With `write` the file is (re)written atomically when anything changed.
 
+    The file carries the SHA-256 of its content (:func:`theory_digest`; its key is part of it): a
+    file whose checksum does not match (edited, damaged, or from before checksums) is recomputed,
+    never trusted, with a one-line note on stderr.
+
     **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
     """
     run_dir = Path(run_dir)
@@ -294,10 +307,16 @@ def load_or_compute(
     theory, how = None, "computed"
     if reuse and path.is_file():
         try:
-            th = Theory.from_json(json.loads(path.read_text()))
-            if jsonable(th.config) == key:
-                theory, how = th, "reused"
-        except (json.JSONDecodeError, OSError, ValueError):
+            d = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(d, dict) or d.pop("sha256", None) != theory_digest(d):
+                # edited, damaged or written before checksums: never trusted
+                print(f"gflow: note: {str(path)!r} does not match its checksum: the theory is recomputed",
+                      file=sys.stderr)  # fmt: skip
+            else:
+                th = Theory.from_json(d)
+                if jsonable(th.config) == key:
+                    theory, how = th, "reused"
+        except Exception:  # any unreadable or malformed file: recomputed, never trusted  # noqa: BLE001
             theory = None
     needs_loss = theory is None or selected_set(traj) not in (None, *theory.laws)
     if needs_loss and loss is None:
@@ -311,8 +330,24 @@ def load_or_compute(
         theory = theory.with_law(loss, sel)
         how = "reused, law added" if how == "reused" else how
     if write and how != "reused":
-        atomic_write_json(path, theory.to_json())
+        save_theory(path, theory)
     return theory, how
+
+
+def theory_digest(d: dict) -> str:
+    """The checksum ``theory.json`` carries: SHA-256 of its content (every key but ``"sha256"``,
+    the run's key in ``"config"`` included), serialized canonically (sorted keys)."""
+    body = {k: v for k, v in d.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(jsonable(body), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def save_theory(path, theory: Theory | dict) -> None:
+    """Write ``theory.json`` (a :class:`gflow.Theory` or its JSON dict) atomically, with its checksum
+    (:func:`theory_digest`), as :func:`load_or_compute` reads it."""
+    d = jsonable(theory.to_json() if isinstance(theory, Theory) else dict(theory))
+    d.pop("sha256", None)
+    d["sha256"] = theory_digest(d)
+    atomic_write_json(path, d)
 
 
 def check_run(
