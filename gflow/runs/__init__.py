@@ -1,0 +1,22 @@
+"""Run folders: replicates and their bands (``_replicates``, ``_bands``), sweeps
+(``_sweep``), phase grids (``_phase``) and the evaluation of a trained θ on other
+data (``_evaluate``).
+
+Layer rule: the top of the library; the only layer that owns folders, locks and
+caches. Only the command line (``gflow.cli``) and ``gflow/__init__`` import it.
+"""
+
+from ._evaluate import evaluate as evaluate
+from ._folder import RunFolder as RunFolder
+from ._folder import check_output as check_output
+from ._folder import check_run as check_run
+from ._folder import integrate as integrate
+from ._folder import integrate_batch as integrate_batch
+from ._folder import integrate_batch_with_errors as integrate_batch_with_errors
+from ._folder import load_or_compute as load_or_compute
+from ._folder import lock as lock
+from ._folder import plot_run as plot_run
+from ._phase import merge_shards as merge_shards
+from ._phase import run_phase as run_phase
+from ._replicates import run_replicates as run_replicates
+from ._sweep import run_sweep as run_sweep

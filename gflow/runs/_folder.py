@@ -1,0 +1,367 @@
+"""Run folders: the only place where gflow takes locks, writes runs and keeps caches.
+
+- :func:`check_output` and :func:`lock`: an output location checked before any
+  compute, and one writer per folder (an exclusive, non-blocking
+  ``fcntl.flock`` on ``DIR/.lock`` recording the holder's pid; re-entrant within
+  a process; it dies with its process, so a killed run leaves no stale lock).
+- :class:`RunFolder`: the hook through which the solves of ``gflow.dynamics``
+  save their snapshots, read a run to resume, and mark it interrupted. The
+  solves themselves write nothing.
+- :func:`integrate` and :func:`integrate_batch`: the solves with a run folder.
+- :func:`load_or_compute`: a run's theory, cached in ``theory.json``.
+- :func:`check_run` and :func:`plot_run`: the report and the figures of a saved run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+from .._util import atomic_write_json, atomic_write_text, jsonable, remove_temporaries
+from ..checks import Report, check
+from ..config import Config
+from ..core import Params, PopulationLoss, make_loss
+from ..dynamics import integrate as integrate_flow
+from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
+from ..figures import FORMATS, draw_run
+from ..theory import Theory, config_key, theory_report
+from ..trajectory import Trajectory, folder_error, load, save, selected_set
+
+_HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
+
+
+def check_output(out: str | Path) -> Path:
+    """Check, before any compute, that ``out`` can be a run folder: it is a folder or does not exist,
+    no part of its path is a file, and it (or its first existing parent) is writable. Creates it.
+
+    **Raises:** :class:`RunFolderError` naming the path and the problem."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise folder_error(out, "is a file, not a folder: --out must name a folder")
+    p = out
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise folder_error(out, f"lies under {str(p)!r}, which is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise folder_error(p, "is not writable: cannot write the run there")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise folder_error(out, f"cannot be created: {e.strerror}") from None
+    return out
+
+
+@contextlib.contextmanager
+def lock(out: str | Path):
+    """Hold the exclusive lock of the run folder ``out`` (``fcntl.flock`` on ``out/.lock``,
+    non-blocking; the lock file records the holder's pid). Re-entrant within one process.
+    Creates the folder (:func:`check_output`).
+
+    **Raises:** :class:`RunFolderError` at once if another process holds it."""
+    out = check_output(out)
+    key = os.path.realpath(out)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield out
+        finally:
+            _HELD[key][1] -= 1
+        return
+    path = out / ".lock"
+    try:
+        f = open(path, "a+")  # noqa: SIM115 (held open for as long as the lock)
+    except OSError as e:
+        raise folder_error(path, f"cannot be opened: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise folder_error(
+            out,
+            f"is locked by another gflow process (pid {holder}) writing it; wait for it to end or use another folder",
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    remove_temporaries(out, "trajectory.npz", "run.json")  # left by a writer killed mid-save (none is alive now)
+    _HELD[key] = [f, 1]
+    try:
+        yield out
+    finally:
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            del _HELD[key]
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+
+# The files of a run that ``overwrite`` replaces (other files in the folder are left alone).
+_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json")
+
+
+class RunFolder:
+    """A run folder as the solves see it: ``lock``, ``save``, ``load``, ``holds_run``,
+    ``remove_stale`` and ``mark_interrupted``. ``str()`` is its path."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def lock(self):
+        return lock(self.path)
+
+    def save(self, traj: Trajectory) -> None:
+        save(traj, self.path)
+
+    def load(self) -> Trajectory:
+        return load(self.path)
+
+    def holds_run(self) -> bool:
+        return (self.path / "run.json").exists() or (self.path / "trajectory.npz").exists()
+
+    def remove_stale(self) -> None:
+        """``overwrite``: remove the old run's files, its reports and its figures."""
+        for name in _STALE:
+            (self.path / name).unlink(missing_ok=True)
+        if (self.path / "figures").is_dir():
+            shutil.rmtree(self.path / "figures")
+
+    def mark_interrupted(self) -> None:
+        """Set the status of the last saved snapshot to "interrupted" (the in-memory state may be
+        half-way through a segment; the snapshot is whole)."""
+        if (self.path / "trajectory.npz").is_file():
+            traj = load(self.path)
+            if traj.status == "running":
+                traj.status = "interrupted"
+                save(traj, self.path)
+
+
+def _folder(out) -> RunFolder | None:
+    return None if out is None else out if isinstance(out, RunFolder) else RunFolder(out)
+
+
+def integrate(
+    config: Config = Config(),
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    loss: PopulationLoss | None = None,
+    params0: Params | None = None,
+    verbose: bool = False,
+    throw: bool = True,
+) -> Trajectory:
+    """Integrate the gradient flow of ``config`` and return its trajectory.
+
+    **Arguments:**
+
+    - `config`: the run (``Config()`` is the paper's default staged run).
+    - `out`: a folder; if given, ``trajectory.npz`` and ``run.json`` are
+      written there after every segment.
+    - `resume`: continue the run saved in `out` from its last saved state
+      (with the step-size controller's saved state: the same steps as an
+      uninterrupted run), up to the (possibly later) end times of ``config``
+      — e.g. a longer Stage III. Every setting that defines the trajectory so
+      far must equal the saved run's.
+    - `overwrite`: allow writing over a run already saved in `out` (without
+      it, that is an error: a finished run is never replaced silently); the
+      old run's files, reports and figures are removed first.
+    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
+      seed; passing the same one to several runs compares them on one sample).
+    - `params0`: the initial θ (default: the paper's initialisation).
+    - `verbose`: print a line per segment.
+    - `throw`: raise :class:`~gflow.FlowError` when the integration fails (default,
+      as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
+      is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+
+    With `out`, the folder's lock (:func:`lock`) is held for the whole
+    integration, and a ``KeyboardInterrupt`` (SIGINT) marks the saved run
+    ``"interrupted"`` (its last saved snapshot, resumable) before it propagates.
+
+    **Returns:** a :class:`~gflow.Trajectory`.
+
+    **Raises:** :class:`~gflow.FlowError` (with the partial trajectory), unless
+    ``throw=False``, when a stage's solve fails or its vector field is not finite;
+    ``RunFolderError`` (a ``ValueError``) when `out` is locked by another
+    process or cannot be written.
+    """
+    return integrate_flow(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss,
+                          params0=params0, verbose=verbose, throw=throw)  # fmt: skip
+
+
+def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
+    """:func:`integrate_batch`, also returning each replicate's :class:`~gflow.FlowError` (or ``None``)."""
+    folders = None if outs is None else [_folder(o) for o in outs]
+    return integrate_batch_flows(configs, outs=folders, resume=resume, overwrite=overwrite, verbose=verbose)
+
+
+def integrate_batch(
+    configs: list[Config],
+    *,
+    outs: list[str | Path | None] | None = None,
+    resume: bool | list[bool] = False,
+    overwrite: bool = False,
+    verbose: bool = False,
+    throw: bool = True,
+) -> list[Trajectory]:
+    """Integrate the gradient flows of `configs` as one vmapped batch.
+
+    **Arguments:**
+
+    - `configs`: the runs; they must differ only in ``estimator.seed``.
+    - `outs`: one folder (or ``None``) per configuration: each trajectory is
+      written there as :func:`integrate` writes it (after every solve,
+      at the end of every stage, at the end).
+    - `resume`: continue the runs saved in `outs` (one flag for all, or one
+      per configuration), each as :func:`integrate` with ``resume=True``
+      continues it: from its own last saved state and time, with its saved
+      step-size controller state, up to the (possibly later) end times of its
+      configuration. Resumed and new runs may share a batch: a replicate idles
+      through the stages it has already completed.
+    - `overwrite`: allow writing over runs already saved in `outs` (those not resumed).
+    - `verbose`: a line per batched solve.
+    - `throw`: after the whole batch has run, raise the first failed
+      replicate's :class:`~gflow.FlowError` (default, like
+      :func:`integrate`); with ``throw=False`` every trajectory is
+      returned, a failed one with the status ``"failed: …"``.
+
+    **Returns:** one :class:`~gflow.Trajectory` per configuration, equal to
+    :func:`integrate` of it (resuming it, if resumed) to rounding. A failed
+    replicate's trajectory has the status ``"failed: …"`` that :func:`integrate`
+    would have raised with; it is kept (and written to its folder) whatever `throw` is.
+
+    **Raises:** ``ValueError`` for an empty list, configurations that differ
+    in more than the seed, `outs` or `resume` of another length, a folder that
+    already holds a run (without `overwrite` or `resume`), or a saved run that
+    cannot be resumed with its configuration; what :func:`gflow.load`
+    raises for a resumed folder without a readable run.
+    """
+    trajs, errors = integrate_batch_with_errors(configs, outs=outs, resume=resume, overwrite=overwrite, verbose=verbose)
+    first = next((e for e in errors if e is not None), None)
+    if throw and first is not None:
+        raise first
+    return trajs
+
+
+def load_or_compute(
+    run_dir,
+    traj=None,
+    *,
+    n_pi: int = 2000,
+    pi_seed: int = 0,
+    loss: PopulationLoss | None = None,
+    reuse: bool = True,
+    write: bool = True,
+) -> tuple[Theory, str]:
+    """The theory of the run saved in `run_dir`, with the GIH law of the set its
+    Stage I selected: ``run_dir/theory.json`` when it belongs to the run, else computed.
+
+    A cached theory belongs to the run when its :attr:`gflow.Theory.config` equals
+    ``config_key`` of the run's data, model, estimator and initialisation
+    sections (every field, so options added later count), `n_pi`, `pi_seed` and
+    the schedule's ``η_C`` and ``δ``. An unreadable file, one of another
+    configuration, or one written by an older gflow is recomputed
+    (:func:`gflow.theory_report` with the run's sample: ``make_loss`` of its
+    configuration, or `loss`). The selected set's law is added when missing.
+    With `write` the file is (re)written atomically when anything changed.
+
+    **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
+    """
+    run_dir = Path(run_dir)
+    traj = load(run_dir) if traj is None else traj
+    cfg = traj.config
+    sc = cfg.schedule
+    key = config_key(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=1 if cfg.data.kernel is not None else n_pi,
+                     pi_seed=pi_seed, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
+    key["n_pi_asked"] = int(n_pi)
+    path = run_dir / "theory.json"
+    theory, how = None, "computed"
+    if reuse and path.is_file():
+        try:
+            th = Theory.from_json(json.loads(path.read_text()))
+            if jsonable(th.config) == key:
+                theory, how = th, "reused"
+        except (json.JSONDecodeError, OSError, ValueError):
+            theory = None
+    needs_loss = theory is None or selected_set(traj) not in (None, *theory.laws)
+    if needs_loss and loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if theory is None:
+        theory = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=n_pi, pi_seed=pi_seed,
+                               loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
+        theory = dataclasses.replace(theory, config=key)  # the one identity rule: the run's key
+    sel = selected_set(traj)
+    if sel is not None and sel not in theory.laws:
+        theory = theory.with_law(loss, sel)
+        how = "reused, law added" if how == "reused" else how
+    if write and how != "reused":
+        atomic_write_json(path, theory.to_json())
+    return theory, how
+
+
+def check_run(
+    out_dir: str | Path,
+    *,
+    n_pi: int = 2000,
+    pi_seed: int = 0,
+    reuse_theory: bool = True,
+    write: bool = True,
+    loss: PopulationLoss | None = None,
+    theory: tuple | None = None,
+    **kw,
+) -> Report:
+    """Check the run saved in `out_dir` and write its report (README §M7).
+
+    Loads the run (:func:`gflow.trajectory.load`; ``FileNotFoundError`` for a
+    folder without a run), takes its theory from
+    :func:`~gflow.theory.load_or_compute` (``theory.json`` when it belongs to
+    the run, else computed on the run's sample; `reuse_theory=False` forces a
+    recomputation; or `theory`, the ``(Theory, how)`` that
+    :func:`~gflow.theory.load_or_compute` already returned for this run), then
+    :func:`check` (further keywords go to it). With
+    `write`, writes ``theory.json``, ``report.json`` (:meth:`Report.to_json`)
+    and ``report.md`` into `out_dir`, each atomically.
+    """
+    out = Path(out_dir)
+    traj = load(out)
+    cfg = traj.config
+    if loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if theory is None:
+        theory = load_or_compute(out, traj, n_pi=n_pi, pi_seed=pi_seed, loss=loss, reuse=reuse_theory, write=write)
+    theory, how = theory
+    report = check(traj, theory=theory, loss=loss, n_pi=n_pi, pi_seed=pi_seed, **kw)
+    report.notes.insert(0, f"theory {'computed' if how == 'computed' else 'reused from theory.json'}")
+    if write:
+        atomic_write_json(out / "report.json", report.to_json())
+        atomic_write_text(out / "report.md", report.to_markdown())
+    return report
+
+
+def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None) -> list[Path]:
+    """Draw every figure of the run saved in `run_dir` into `figdir` (default ``run_dir/figures``),
+    with the run's theory from :func:`load_or_compute` unless `theory` (a :class:`~gflow.Theory`)
+    is given. **Returns:** the paths written."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
+    run_dir = Path(run_dir)
+    traj = load(run_dir)
+    if theory is None:
+        theory = load_or_compute(run_dir, traj)[0]
+    return draw_run(run_dir, figdir, fmt=fmt, theory=theory, traj=traj)
