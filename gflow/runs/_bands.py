@@ -32,8 +32,7 @@ from collections import Counter
 
 import numpy as np
 
-from .._util import STAGE_CODES
-from .._util import jsonable
+from .._util import STAGE_CODES, jsonable
 from ..trajectory import Trajectory
 
 __all__ = ["QUANTITIES", "RowSpread", "StageBands", "bands", "row_spread", "summarize"]

@@ -28,7 +28,6 @@ Choices (the paper is silent):
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -40,15 +39,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import sample as draw_sample
-from ..theory import RUNGS, Ladder, loss_ladder
-from ..core import PopulationLoss, resolve_layout
-from ..core import Params, features, subset_label
 from .._util import atomic_write_text, jsonable, show_value, write_csv
+from ..core import Params, PopulationLoss, features, resolve_layout, subset_label
+from ..core import sample as draw_sample
 from ..figures import plot_eval
+from ..theory import RUNGS, Ladder, loss_ladder
+from ..trajectory import Trajectory, load, selected_set
 from ._sweep import parse_param, sweep_points
-from ..trajectory import selected_set
-from ..trajectory import Trajectory, load
 
 __all__ = ["EVAL_KEYS", "EvalResult", "evaluate", "plot_eval"]
 

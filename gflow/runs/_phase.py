@@ -63,8 +63,6 @@ shards — in one shared folder or several — into one ``phase.csv``,
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import time
@@ -76,14 +74,19 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_text, write_csv
-from ..figures import phase_row, plot_phase
 from ..config import Config
-from ..core import subset_label
-from ._sweep import format_cell, point_dirname, show_value, headline, run_point, sweep_points
-from ..core import make_loss
-from ..core import init_params
-from ..theory import TIE_RTOL, make_gih, modified_chi2_ranking, predicted_stage1_duration, stage1_rates, stage3_law
+from ..core import init_params, make_loss, subset_label
+from ..figures import phase_row, plot_phase
+from ..theory import (
+    TIE_RTOL,
+    make_gih,
+    modified_chi2_ranking,
+    predicted_stage1_duration,
+    stage1_rates,
+    stage3_law,
+)
 from ..trajectory import selected_set
+from ._sweep import format_cell, headline, point_dirname, run_point, show_value, sweep_points
 
 __all__ = [
     "FLOW_COLUMNS",

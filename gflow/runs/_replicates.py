@@ -94,14 +94,13 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_npz, atomic_write_text, jsonable
-from ._bands import QUANTITIES, RowSpread, StageBands, format_summary, bands, row_spread, summarize
+from ..checks import check
 from ..config import Config
 from ..core import subset_label
-from ..trajectory import Trajectory, load
 from ..dynamics import sample_bytes
-from ._folder import integrate_batch_with_errors
-from ..checks import check
-from ._folder import check_run
+from ..trajectory import Trajectory, load
+from ._bands import QUANTITIES, RowSpread, StageBands, bands, format_summary, row_spread, summarize
+from ._folder import check_run, integrate_batch_with_errors
 
 __all__ = [
     "QUANTITIES",

@@ -38,9 +38,7 @@ and only the measured columns are filled.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import itertools
 import json
 import math
@@ -52,14 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from .._util import log_slope, show_value, write_csv
-from .._util import atomic_write_text, rows_of_stage
+from .._util import log_slope, rows_of_stage, show_value, write_csv
 from ..config import Config
 from ..core import subset_label
-from ..trajectory import Trajectory
 from ..dynamics import FlowError
-from ._folder import integrate
-from ._folder import check_run
+from ..trajectory import Trajectory
+from ._folder import check_run, integrate
 
 __all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points"]
 
