@@ -19,4 +19,7 @@ from ._folder import plot_run as plot_run
 from ._phase import merge_shards as merge_shards
 from ._phase import run_phase as run_phase
 from ._replicates import run_replicates as run_replicates
+from ._spectrum import SPECTRUM_TIMES as SPECTRUM_TIMES
+from ._spectrum import run_spectrum as run_spectrum
+from ._spectrum import saved_spectrum as saved_spectrum
 from ._sweep import run_sweep as run_sweep
