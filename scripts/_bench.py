@@ -90,3 +90,13 @@ def median_s(fn, reps: int) -> float:
 
     jax.block_until_ready(fn())
     return float(np.median(timings(fn, reps)))
+
+
+def save_figure(fig, path, dpi: int = 120):
+    """Write a script's figure to `path` (its folder created), returning the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path

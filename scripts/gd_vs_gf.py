@@ -61,6 +61,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _bench import save_figure
 from jax.flatten_util import ravel_pytree
 
 import gflow
@@ -289,9 +290,7 @@ def _figure(args, base, ref, runs, order) -> Path:
             rf"L = {args.L}, N = {args.N}, $c_0$ = {args.c0:g}, $a_0$ = {args.a0:g}, T = {args.T:g}",
             fontsize=12,
         )
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        out = save_figure(fig, args.out)
     return out
 
 

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _bench import save_figure
 
 import gflow
 from gflow.core._model import subset_label
@@ -290,9 +291,7 @@ def _figure(args, base, runs, iS, S_star, a_star, lim) -> Path:
             rf"L = {args.L}, N = {args.N}",
             fontsize=12,
         )
-        figpath = Path(args.fig)
-        figpath.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(figpath, dpi=120)
+        figpath = save_figure(fig, args.fig)
     return figpath
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from _bench import save_figure
 
 import gflow
 from gflow.core._model import subset_label
@@ -284,9 +285,7 @@ def _figure(args, rows, fits, curves, Ls, S, data0) -> Path:
             "\n(dashed: empirical least-squares fits in ln L over these L, not a derived law)",
             fontsize=11.5,
         )
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        out = save_figure(fig, args.out)
     return out
 
 
