@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _bench import save_figure
 
 import gflow
 from gflow.dynamics import step_scales
@@ -265,8 +266,7 @@ def plot(res: dict, out: Path, path: Path) -> None:
         )  # fmt: skip
     fig.suptitle("When does GD follow the gradient flow? Distance to the flow (order 1) and to GD's modified "
                  "flow (order 2) below the stability edge η_c = 2/λ_max(ΛH)", fontsize=12)  # fmt: skip
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> int:
