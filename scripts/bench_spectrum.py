@@ -2,7 +2,7 @@
 
 Two ratios, each measured in one process with the calls interleaved (the machine is
 shared: a ratio of interleaved medians is robust to load that drifts, an absolute
-time is not):
+time is not); each timed call follows an untimed call of the same program:
 
 1. **spectrum / gradient**: the eigenvalues of ``Λ^{1/2} H Λ^{1/2}`` at one saved
    state (:func:`gflow.hessian_spectrum`'s compiled Hessian block of the moving
@@ -93,6 +93,10 @@ def measure(cfg, reps: int) -> dict:
     times = {k: [] for k in calls}
     for _ in range(reps):
         for k, fn in calls.items():
+            # one untimed call first: a solve evaluates its field again and again, so each call is
+            # timed with its own working set warm (timed right after another program, the first
+            # call ran up to 1.5x slower, whatever the program: an artefact of the order)
+            jax.block_until_ready(fn())
             times[k].append(_timed(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
     # ratios of interleaved pairs, then their median: robust to load that drifts within the run
