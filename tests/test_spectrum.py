@@ -280,6 +280,7 @@ def test_gd_orders_issue_range(small_loss):
     assert abs(k_flow - 1.0) < 0.03 and abs(k_mod - 2.0) < 0.05, (k_flow, k_mod)
 
 
+@pytest.mark.slow
 def test_modified_staged_eta0_is_flow(small_loss):
     """The staged schedule's modified flow at η = 0 is the staged flow (stages, events)."""
     cfg = SMALL.replace(schedule={"kind": "staged", "durations": [20.0, 2.0, 2.0]})
