@@ -7,7 +7,8 @@
   configuration, without integrating anything.
 - ``gflow check DIR``: compare a saved run with the theory; writes
   ``report.json`` and ``report.md`` into DIR and prints the table.
-- ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
+- ``gflow plot DIR [--out FIGDIR] [--spectrum]``: draw the figures of a saved run
+  (``--spectrum``, also for ``run``: the Hessian spectrum along it, ``sharpness.png``).
 - ``gflow eval DIR --param data.L=25,50,100 [--param …]``: the run's final
   parameters on other data configurations, with the loss ladder of each
   (:func:`gflow.evaluate`); writes ``eval.csv``, ``eval.json``, ``eval.png``.
@@ -147,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-check", action="store_true", help="skip the check report")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
     r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
+    r.add_argument("--spectrum", action="store_true",
+                   help="also compute the Hessian spectrum along the run (spectrum.npz) and draw sharpness.png")
     r.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
     r.add_argument(
         "--replicates", type=int, metavar="R",
@@ -200,6 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("dir", help="a run folder (written by gflow run)")
     pl.add_argument("--out", help="figure folder (default DIR/figures)")
     pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
+    pl.add_argument("--spectrum", action="store_true",
+                    help="compute the Hessian spectrum along the run if spectrum.npz is missing (sharpness.png)")
     return p
 
 
@@ -490,11 +495,11 @@ def _run(args, cfg, out: Path) -> int:
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
     ok = True
     if not args.no_check and not args.no_plot:
-        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet)
+        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
     elif not args.no_check:
         ok = _check(out, quiet=args.quiet)
     elif not args.no_plot:
-        _plot(out, out / "figures", args.format, quiet=args.quiet)
+        _plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
     if outputs:
         from .runs import lock
         from .trajectory import record_outputs
@@ -577,7 +582,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_plot(args) -> int:
     d = Path(args.dir)
-    _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
+    _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False, spectrum=args.spectrum or None)
     return EXIT_OK
 
 
@@ -645,7 +650,7 @@ def _check(out: Path, *, quiet: bool) -> bool:
     return _print_verdict(rep, quiet)
 
 
-def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
+def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> bool:
     """``gflow run``'s check report and figures, under one lock, overlapped: the run's theory
     first (both need it), then the figures are drawn in a second thread while the report's
     rows are computed. Drawing is Python (matplotlib holds the interpreter lock) and the
@@ -665,7 +670,7 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
         theory, how = load_or_compute(out, traj, loss=loss, write=True)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory)
+            figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory, spectrum=spectrum)
             rep = check_run(out, loss=loss, theory=(theory, how))
             # recorded as soon as written: a kill while drawing leaves only the figures to repair
             record_outputs(out, ["theory.json", "report.json", "report.md"])
@@ -689,7 +694,7 @@ def _print_verdict(rep, quiet: bool) -> bool:
     return rep.passed
 
 
-def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
+def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> None:
     from .runs import check_output, lock, plot_run
     from .trajectory import load
 
@@ -697,7 +702,7 @@ def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
     check_output(figdir)  # a file, under a file, read-only: before drawing anything
     inside = Path(os.path.realpath(figdir)).is_relative_to(os.path.realpath(out))
     with lock(out) if inside else contextlib.nullcontext():
-        paths = plot_run(out, figdir, fmt=fmt)
+        paths = plot_run(out, figdir, fmt=fmt, spectrum=spectrum)
         if inside:  # repairs a run whose figures were missing or damaged, then completes it
             _record(out, paths, "plot", quiet)
     if not quiet:

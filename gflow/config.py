@@ -37,7 +37,7 @@ import numpy as np
 from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd", "sgd")
+_METHODS = ("tsit5", "kvaerno5", "gd", "modified", "sgd")
 _JOINT_COORDS = ("log", "C")
 
 # Bounds of every integer key, ``key: (lowest, highest)``, checked before a section is built (so
@@ -153,8 +153,12 @@ class SolverConfig(eqx.Module):
       only the moving block, so its Jacobian is small) or ``"gd"``
       (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
+      ``"modified"`` (extension, README §M9): GD's first-order modified flow
+      ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``eta`` (``g = ∇L̂``, ``H = ∇²L̂``
+      through a Hessian-vector product), integrated by Tsit5 like the flow with the
+      same tolerances, stages, events and coordinates; ``eta = 0`` is the flow.
       One name for every stage, or a list of three, one per stage
-      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" is all or nothing.
+      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" and "modified" are all or nothing.
       ``"sgd"`` (extension, joint schedule only, all or nothing): online SGD, R seeds
       with fresh sequences every step, run by :func:`gflow.sgd` (step ``eta``, to
       ``schedule.t1``); it is not a flow, so ``gflow.integrate``, ``gflow run``,
@@ -162,7 +166,8 @@ class SolverConfig(eqx.Module):
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
-    - `eta`: the step of ``"gd"`` (default ``0.1``). GD takes whole steps
+    - `eta`: the step of ``"gd"`` and ``"sgd"`` (``> 0``) and of the modified flow
+      ``"modified"`` (``>= 0``) (default ``0.1``). GD takes whole steps
       only: a stage of duration T takes ``⌈T/η⌉`` steps (it ends at the first
       iterate at or after its nominal end), a stage's event ends it at the
       first iterate where the condition holds, and saved times are rounded to
@@ -203,6 +208,12 @@ class SolverConfig(eqx.Module):
     def is_gd(self) -> bool:
         return self.method_for("I") == "gd"
 
+    @property
+    def models_gd(self) -> bool:
+        """Whether the run models GD at the step ``eta`` ("gd" itself, or its modified
+        flow "modified"), so that it is not the gradient flow (‖C‖ grows, for one)."""
+        return self.method_for("I") in ("gd", "modified")
+
     def __check_init__(self):
         names = (self.method,) if isinstance(self.method, str) else self.method
         if not isinstance(self.method, str) and len(names) != 3:
@@ -216,13 +227,18 @@ class SolverConfig(eqx.Module):
                 f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
                 f"got {self.method!r}"
             )
-        for m in ("gd", "sgd"):
+        for m in ("gd", "modified", "sgd"):
             if m in names and len(set(names)) > 1:
                 raise ValueError(f"solver.method: {m!r} cannot be mixed with ODE solvers, got {self.method!r}")
-        for name in ("rtol", "atol", "eta"):
+        for name in ("rtol", "atol"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"solver.{name} must be a finite number > 0, got {v!r}")
+        # the modified flow's η may be 0 (the flow itself); a step of GD or SGD may not
+        lo_ok = (lambda v: v >= 0) if "modified" in names else (lambda v: v > 0)
+        if not (isinstance(self.eta, (int, float)) and math.isfinite(self.eta) and lo_ok(self.eta)):
+            bound = ">= 0 with solver.method = 'modified'" if "modified" in names else "> 0"
+            raise ValueError(f"solver.eta must be a finite number {bound}, got {self.eta!r}")
         if not (isinstance(self.tau_min, (int, float)) and math.isfinite(self.tau_min) and self.tau_min > 0):
             raise ValueError(f"solver.tau_min must be a finite number > 0, got {self.tau_min!r}")
         for name, lo in (("max_steps", 1), ("save_per_decade", 1)):
@@ -558,7 +574,7 @@ def refuse_sgd(cfg: Config, what: str) -> None:
     if cfg.solver.method_for("I") == "sgd":
         raise ValueError(
             f"solver.method = 'sgd' is online SGD over R seeds, not a flow: {what} integrates flows "
-            f"(solver.method one of {_METHODS[:3]}); run it with gflow.sgd(config, gflow.SGDConfig(batch=..., "
+            f"(solver.method one of {tuple(m for m in _METHODS if m != 'sgd')}); run it with gflow.sgd(config, gflow.SGDConfig(batch=..., "
             f"seeds=...)), which takes its step from solver.eta and its end from schedule.t1"
         )
 

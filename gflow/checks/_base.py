@@ -127,7 +127,7 @@ class Ctx:
         self.sets = traj.subsets
         self.nS = len(self.sets)
         self.joint = self.cfg.schedule.kind == "joint"
-        self.gd = self.cfg.solver.is_gd
+        self.gd = self.cfg.solver.models_gd  # GD or its modified flow: not the flow (‖C‖ grows)
         self.delta = self.cfg.schedule.delta
         self.S_star, self.argmax_J = theory.S_star, theory.argmax_J
         self.selected = selected_set(traj)

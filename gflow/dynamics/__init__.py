@@ -14,5 +14,13 @@ from ._sde import sde as sde
 from ._sgd import SGDConfig as SGDConfig
 from ._sgd import SGDRun as SGDRun
 from ._sgd import sgd as sgd
+from ._solve import LogC as LogC
+from ._solve import VectorField as VectorField
+from ._solve import block_scales as block_scales
+from ._spectrum import Spectrum as Spectrum
+from ._spectrum import coordinate_labels as coordinate_labels
+from ._spectrum import hessian_spectrum as hessian_spectrum
+from ._spectrum import loss_hessian as loss_hessian
+from ._spectrum import step_scales as step_scales
 from ._vmapped import integrate_batch_with_errors as integrate_batch_with_errors
 from ._vmapped import sample_bytes as sample_bytes

@@ -10,3 +10,4 @@ from ._eval import plot_eval as plot_eval
 from ._phase import phase_row as phase_row
 from ._phase import plot_phase as plot_phase
 from ._plot import draw_run as draw_run
+from ._sharpness import plot_sharpness as plot_sharpness

@@ -63,6 +63,7 @@ from ._base import (
     validity_window,
 )
 from ._panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
+from ._sharpness import plot_sharpness
 
 __all__ = [
     "fit_a_log_tau",
@@ -276,7 +277,7 @@ _FIGURES = {
 
 def draw_run(
     run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None,
-    traj: Trajectory | None = None,
+    traj: Trajectory | None = None, spectrum=None,
 ) -> list[Path]:
     """Draw every figure of the run saved in `run_dir` into `figdir` (default
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
@@ -286,7 +287,8 @@ def draw_run(
     figures are drawn without the theory's lines). `traj`: the run's
     trajectory if already loaded. :func:`gflow.plot_run` draws them with the
     run's cached theory. Raises ``FileNotFoundError`` if `run_dir` holds no run.
-    Returns the paths written, in the order above.
+    With `spectrum` (the run's :class:`gflow.dynamics.Spectrum`), also ``sharpness``
+    (:func:`plot_sharpness`, last). Returns the paths written, in the order above.
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
@@ -298,5 +300,9 @@ def draw_run(
     for name, make in _FIGURES.items():
         p = figdir / f"{name}.{fmt}"
         atomic_savefig(make(traj, theory), p, dpi=DPI)  # a kill while drawing leaves no truncated figure
+        paths.append(p)
+    if spectrum is not None:
+        p = figdir / f"sharpness.{fmt}"
+        plot_sharpness(traj, spectrum).savefig(p, dpi=DPI)
         paths.append(p)
     return paths

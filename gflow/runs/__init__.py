@@ -26,5 +26,8 @@ from ._preflight import fmt_bytes as fmt_bytes
 from ._preflight import preflight as preflight
 from ._replicates import default_batch as default_batch
 from ._replicates import run_replicates as run_replicates
+from ._spectrum import SPECTRUM_TIMES as SPECTRUM_TIMES
+from ._spectrum import run_spectrum as run_spectrum
+from ._spectrum import saved_spectrum as saved_spectrum
 from ._sweep import run_sweep as run_sweep
 from ._sweep import sweep_points as sweep_points

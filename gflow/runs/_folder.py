@@ -33,6 +33,7 @@ from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
 from ..figures import FORMATS, draw_run
 from ..theory import Theory, config_key, theory_report
 from ..trajectory import FIGURE_NAMES, Trajectory, folder_error, load, save, selected_set
+from ._spectrum import run_spectrum, saved_spectrum
 
 _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
 
@@ -111,7 +112,7 @@ def lock(out: str | Path):
 
 
 # The files of a run that ``overwrite`` replaces (other files in the folder are left alone).
-_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json")
+_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json", "spectrum.npz")
 
 
 class RunFolder:
@@ -389,14 +390,23 @@ def check_run(
     return report
 
 
-def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None) -> list[Path]:
+def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None,
+             spectrum: bool | None = None) -> list[Path]:  # fmt: skip
     """Draw every figure of the run saved in `run_dir` into `figdir` (default ``run_dir/figures``),
     with the run's theory from :func:`load_or_compute` unless `theory` (a :class:`~gflow.Theory`)
-    is given. **Returns:** the paths written."""
+    is given. The sharpness figure (``sharpness.png``: λ_max(ΛH) along the run, README §M9) is
+    drawn from the run's Hessian spectrum: with ``spectrum=True`` computed if needed
+    (:func:`run_spectrum`, kept in ``spectrum.npz``), with ``None`` (default) only when
+    ``spectrum.npz`` already belongs to the run, with ``False`` never. **Returns:** the paths written."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     run_dir = Path(run_dir)
     traj = load(run_dir)
     if theory is None:
         theory = load_or_compute(run_dir, traj)[0]
-    return draw_run(run_dir, figdir, fmt=fmt, theory=theory, traj=traj)
+    spec = None
+    if spectrum:
+        spec = run_spectrum(run_dir, traj)
+    elif spectrum is None:
+        spec = saved_spectrum(run_dir, traj)
+    return draw_run(run_dir, figdir, fmt=fmt, theory=theory, traj=traj, spectrum=spec)
