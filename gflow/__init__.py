@@ -39,6 +39,9 @@ from .dynamics import FlowError as FlowError
 from .dynamics import SDEConfig as SDEConfig
 from .dynamics import SGDConfig as SGDConfig
 from .dynamics import SGDRun as SGDRun
+from .dynamics import Spectrum as Spectrum
+from .dynamics import hessian_spectrum as hessian_spectrum
+from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd
 from .runs import check_run as check_run

@@ -9,7 +9,8 @@
   configuration, without integrating anything.
 - ``gflow check DIR``: compare a saved run with the theory; writes
   ``report.json`` and ``report.md`` into DIR and prints the table.
-- ``gflow plot DIR [--out FIGDIR]``: draw the figures of a saved run.
+- ``gflow plot DIR [--out FIGDIR] [--spectrum]``: draw the figures of a saved run
+  (``--spectrum``, also for ``run``: the Hessian spectrum along it, ``sharpness.png``).
 - ``gflow eval DIR --param data.L=25,50,100 [--param …]``: the run's final
   parameters on other data configurations, with the loss ladder of each
   (:func:`gflow.evaluate`); writes ``eval.csv``, ``eval.json``, ``eval.png``.
@@ -31,9 +32,19 @@ the report's gflow verdict passes; the paper's may fail, that is a result);
 finite/exact theory, e.g. a non-finite trajectory); :data:`EXIT_INPUT` 2 bad
 input (configuration, usage, output location, a corrupt, foreign or locked
 run folder), reported before any compute; :data:`EXIT_FAILED` 3 the
-integration failed (the partial trajectory is kept); :data:`EXIT_INTERRUPTED`
-130 interrupted by SIGINT (the run is saved as "interrupted": ``--resume``
-continues it).
+integration failed (the partial trajectory is kept); :data:`EXIT_UNEXPECTED` 4
+an unexpected error (an exception gflow does not handle: a bug, or a resource
+the preflight did not foresee): one line on stderr, the traceback appended to
+the run folder's ``gflow.log`` (or a temporary file, named), and a run that
+was ``running`` marked ``failed`` (``--resume`` continues it);
+:data:`EXIT_INTERRUPTED` 130 interrupted by SIGINT (the run is saved as
+"interrupted": ``--resume`` continues it).
+
+Before any compute, ``run`` and ``theory`` estimate the memory the
+configuration needs and refuse it (exit 2, naming the keys and the estimate)
+when it exceeds the memory available (:func:`gflow.runs.preflight`;
+``GFLOW_MAX_MEMORY=64G`` sets the budget, ``GFLOW_MAX_MEMORY=none`` turns the
+check off). ``gflow run --dry-run`` stops after these checks.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ EXIT_OK = 0
 EXIT_VERDICT = 1
 EXIT_INPUT = 2
 EXIT_FAILED = 3
+EXIT_UNEXPECTED = 4
 EXIT_INTERRUPTED = 130
 
 # printed before the silent compilation of a run (a cold run compiles for ~20 s on 2 cores;
@@ -138,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-check", action="store_true", help="skip the check report")
     r.add_argument("--no-plot", action="store_true", help="skip the figures")
     r.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
+    r.add_argument("--spectrum", action="store_true",
+                   help="also compute the Hessian spectrum along the run (spectrum.npz) and draw sharpness.png")
     r.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
     r.add_argument(
         "--replicates", type=int, metavar="R",
@@ -149,6 +163,10 @@ def _parser() -> argparse.ArgumentParser:
         "--replicates-batch", type=int, metavar="B",
         help="with --replicates: integrate B replicates at a time, vmapped (default: all R if their samples "
         "fit in 2 GiB, else as many as fit; 1: one after another)",
+    )  # fmt: skip
+    r.add_argument(
+        "--dry-run", action="store_true",
+        help="check the configuration, the output folder and the memory estimate, print them, and stop",
     )  # fmt: skip
 
     t = _sub(sub, "theory", "the theory's predictions for a configuration",
@@ -187,6 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("dir", help="a run folder (written by gflow run)")
     pl.add_argument("--out", help="figure folder (default DIR/figures)")
     pl.add_argument("--format", default="png", choices=("png", "svg", "pdf"), help=_FORMAT_HELP)
+    pl.add_argument("--spectrum", action="store_true",
+                    help="compute the Hessian spectrum along the run if spectrum.npz is missing (sharpness.png)")
     return p
 
 
@@ -290,9 +310,14 @@ def _enable_compilation_cache() -> Callable[[], None]:
     return restore
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command; returns its exit code (module docstring). Usage errors exit 2 (argparse)."""
-    args = _parser().parse_args(argv)
+    global _PARSER
+    _PARSER = _PARSER or _parser()  # built once per process (in-process callers run many commands)
+    args = _PARSER.parse_args(argv)
     restore = _enable_compilation_cache()
     try:
         return _dispatch(args)
@@ -304,8 +329,74 @@ def main(argv: list[str] | None = None) -> int:
         tail = f"; the run saved in {where!r} is marked 'interrupted': continue it with --resume" if where else ""
         print(f"gflow {args.cmd}: interrupted{tail}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as e:  # anything gflow's own handling did not catch: exit 4, never a traceback
+        return _unexpected(args, e)
     finally:
-        restore()
+        with contextlib.suppress(Exception):
+            restore()
+
+
+def _folder_of(args) -> Path | None:
+    """The folder a command writes (its log's home), if it names one."""
+    where = getattr(args, "out", None) if args.cmd in ("run", "sweep", "phase", "phase-merge") else None
+    where = where or getattr(args, "dir", None)
+    return None if where is None else Path(where)
+
+
+def _unexpected(args, e: BaseException) -> int:
+    """Exit :data:`EXIT_UNEXPECTED`: one line on stderr, the traceback appended to the folder's
+    ``gflow.log`` (a temporary file when there is no folder), and every run of the folder left
+    ``running`` marked ``failed`` (resumable)."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(e))
+    folder = _folder_of(args)
+    log = None
+    try:
+        if folder is not None and folder.is_dir():
+            log = folder / "gflow.log"
+            with open(log, "a", encoding="utf-8") as f:
+                f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} gflow {args.cmd} (pid {os.getpid()})\n{text}")
+        else:
+            fd, name = tempfile.mkstemp(prefix="gflow-", suffix=".log")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            log = Path(name)
+    except OSError:
+        log = None
+    marked = _mark_failed(folder, e) if folder is not None else []
+    what = " ".join(f"{type(e).__name__}: {e}".split())
+    if len(what) > 300:
+        what = what[:297] + "..."
+    tail = f"; the traceback is in {str(log)!r}" if log else ""
+    if marked:
+        tail += f"; {', '.join(repr(str(m)) for m in marked)} marked 'failed': continue with --resume"
+    print(f"gflow {args.cmd}: unexpected error (exit {EXIT_UNEXPECTED}): {what}{tail}", file=sys.stderr)
+    return EXIT_UNEXPECTED
+
+
+def _mark_failed(folder: Path, e: BaseException) -> list[Path]:
+    """Mark every run under `folder` (itself, ``rep*``) whose snapshot says ``running`` as
+    ``failed: unexpected …`` (under its lock; a folder another process holds is left alone)."""
+    from .runs import lock
+    from .trajectory import load, save
+
+    done = []
+    cands = [folder, *sorted(folder.glob("rep[0-9]*"))] if folder.is_dir() else []
+    for d in cands:
+        try:
+            if not (d / "trajectory.npz").is_file():
+                continue
+            with lock(d):
+                traj = load(d)
+                if traj.status == "running":
+                    traj.status = f"failed: unexpected {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                    save(traj, d)
+                    done.append(d)
+        except Exception:  # a folder that cannot be marked stays as it is  # noqa: BLE001
+            continue
+    return done
 
 
 def _dispatch(args) -> int:
@@ -313,30 +404,80 @@ def _dispatch(args) -> int:
     return globals()["_cmd_" + args.cmd.replace("-", "_")](args)
 
 
-def _cmd_run(args) -> int:
-    from .config import load_config, refuse_sgd, warnings_for
-    from .runs import check_output, lock
+def _saved_config(out: Path, replicates: bool):
+    """``--resume`` without a configuration: the configuration saved in `out` (replicates: in
+    ``out/rep000``, whose seed is the base seed), or ``None`` when `out` holds no run."""
+    from .trajectory import load
 
-    cfg = load_config(args.config)
+    d = out / "rep000" if replicates else out
+    if (d / "trajectory.npz").is_file() or (d / "run.json").is_file():
+        return load(d).config
+    return None
+
+
+def _cmd_run(args) -> int:
+    from .config import LIMITS, load_config, refuse_sgd, warnings_for
+    from .runs import check_output, fmt_bytes, lock, preflight
+
+    out = Path(args.out)
+    cfg = None
+    if args.resume and args.config is None:  # resume from the folder: its saved configuration
+        cfg = _saved_config(out, args.replicates is not None)
+    cfg = load_config(args.config) if cfg is None else cfg
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
-    out = Path(args.out)
     if args.replicates is not None:
         refuse_sgd(cfg, "gflow run --replicates")  # before any output folder is touched
-        return _run_replicates(args, cfg, out)
-    if args.replicates_batch is not None:
-        raise ValueError("--replicates-batch needs --replicates R")
-    if args.resume and args.overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
     if cfg.solver.is_stochastic:  # sgd / sde: R seeds (before any folder is touched)
         from .dynamics import check_stochastic
 
         check_stochastic(cfg)
+    if args.resume and args.overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
+    batch = 1
+    if args.replicates is not None:
+        R = args.replicates
+        top = LIMITS["estimator.seed"][1]
+        if not 1 <= R <= 10**5 or cfg.estimator.seed + R - 1 > top:
+            raise ValueError(f"--replicates must be in [1, 100000] with estimator.seed + R - 1 <= {top}, got R = {R}")
+        from .runs import default_batch
+
+        B = args.replicates_batch
+        if B is not None and not 1 <= B <= R:
+            raise ValueError(f"--replicates-batch must be in [1, R = {R}], got {B}")
+        batch = B if B is not None else default_batch(cfg, R)
+    elif args.replicates_batch is not None:
+        raise ValueError("--replicates-batch needs --replicates R")
+    need, avail, where = preflight(cfg, replicates=batch)  # before any compute or folder
+    if args.dry_run:
+        check_output_dry(out)
+        room = "no limit" if avail is None else f"{fmt_bytes(avail)} available ({where})"
+        print(f"gflow run: dry run: configuration valid; memory estimate {fmt_bytes(need)}"
+              f"{f' ({batch} replicates at once)' if batch > 1 else ''}, {room}; output {str(out)!r}")  # fmt: skip
+        return EXIT_OK
+    if args.replicates is not None:
+        return _run_replicates(args, cfg, out)
     for w in warnings_for(cfg):
         print(f"gflow run: warning: {w}", file=sys.stderr)
     check_output(out)  # before any compute: a file, under a file, read-only
     with lock(out):  # held through the run, its report and its figures
         return _run(args, cfg, out)
+
+
+def check_output_dry(out: Path) -> None:
+    """:func:`gflow.trajectory.check_output` without creating anything: `out` is a folder or can be
+    one (no part of its path is a file; its first existing parent is writable)."""
+    from .trajectory import RunFolderError
+
+    if out.exists() and not out.is_dir():
+        raise RunFolderError(f"{str(out)!r}: is a file, not a folder: --out must name a folder")
+    p = out
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise RunFolderError(f"{str(out)!r}: lies under {str(p)!r}, which is a file, not a folder")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{str(p)!r}: is not writable: cannot write the run there")
 
 
 def _run(args, cfg, out: Path) -> int:
@@ -347,8 +488,10 @@ def _run(args, cfg, out: Path) -> int:
         print(f"gflow run: {args.config or 'the paper default'} -> {out}", flush=True)
         print(_COMPILING, flush=True)
     t0 = time.perf_counter()
+    outputs = _outputs(args) + ([f"figures/seeds.{args.format}"] if cfg.solver.is_stochastic and not args.no_plot else [])
     try:
-        traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet)
+        traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet,
+                         outputs=outputs)  # fmt: skip
     except FlowError as e:
         print(f"gflow run: error: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -361,21 +504,58 @@ def _run(args, cfg, out: Path) -> int:
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
     ok = True
     if not args.no_check and not args.no_plot:
-        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet)
+        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
     elif not args.no_check:
         ok = _check(out, quiet=args.quiet)
     elif not args.no_plot:
-        _plot(out, out / "figures", args.format, quiet=args.quiet)
+        _plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
+    if outputs:
+        from .runs import lock
+        from .trajectory import record_outputs
+
+        with lock(out):
+            status, missing = record_outputs(out, outputs)  # written last: the run is complete
+        if missing:
+            print(f"gflow run: the run is not complete: {', '.join(missing)} not written whole", file=sys.stderr)
     if not ok:
         print(f"gflow run: the check report's verdict fails (see {out / 'report.md'})", file=sys.stderr)
     return EXIT_OK if ok else EXIT_VERDICT
 
 
+def _outputs(args) -> list[str]:
+    """The files ``gflow run`` writes after the integration (its manifest, README "Run folders")."""
+    from .trajectory import FIGURE_NAMES
+
+    names = [] if args.no_check else ["theory.json", "report.json", "report.md"]
+    if not args.no_plot:
+        names += [f"figures/{n}.{args.format}" for n in FIGURE_NAMES]
+    return names
+
+
+def _record(out: Path, paths, cmd: str, quiet: bool) -> None:
+    """Record files a command (re)wrote in the run's manifest (:func:`gflow.trajectory.record_outputs`);
+    say whether that completed the run."""
+    from .trajectory import WRITING, load, record_outputs
+
+    before = load(out).status
+    rel = [os.path.relpath(os.path.realpath(p), os.path.realpath(out)) for p in paths]
+    status, missing = record_outputs(out, rel)
+    if status == "complete" and before == WRITING and not quiet:
+        print(f"gflow {cmd}: the run in {str(out)!r} is complete (every file it lists is whole)")
+    elif missing:
+        print(f"gflow {cmd}: the run in {str(out)!r} is not complete yet: {', '.join(missing)} missing or damaged "
+              f"(gflow check writes the report, gflow plot the figures)", file=sys.stderr)  # fmt: skip
+
+
 def _cmd_theory(args) -> int:
     from .config import load_config
+    from .runs import preflight
     from .theory import format_theory, theory_report
 
+    if not 1 <= args.n_pi <= 10**7:
+        raise ValueError(f"--n-pi must be an integer in [1, 10000000], got {args.n_pi}")
     cfg = load_config(args.config)
+    preflight(cfg, n_pi=args.n_pi)  # before any compute
     sc = cfg.schedule
     rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
     print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
@@ -388,11 +568,13 @@ def _cmd_check(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from .config import load_config
-    from .runs import run_sweep
+    from .runs import preflight, run_sweep, sweep_points
 
     cfg = load_config(args.config)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
+    for _, point in sweep_points(cfg, args.param):  # every point's memory, before any compute
+        preflight(point)
     out = Path(args.out)
     if not args.quiet:
         print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
@@ -409,7 +591,7 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_plot(args) -> int:
     d = Path(args.dir)
-    _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False)
+    _plot(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False, spectrum=args.spectrum or None)
     return EXIT_OK
 
 
@@ -428,7 +610,15 @@ def _eval_parser(sub) -> None:
 
 
 def _cmd_eval(args) -> int:
-    from .runs import evaluate
+    from .runs import evaluate, preflight, sweep_points
+    from .trajectory import load
+
+    try:  # every evaluated configuration's memory, before any compute (bad fields: evaluate names them)
+        points = sweep_points(load(args.dir).config, args.param)
+    except ValueError:
+        points = []
+    for _, point in points:
+        preflight(point)
 
     res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
                    verbose=not args.quiet)  # fmt: skip
@@ -465,10 +655,11 @@ def _check(out: Path, *, quiet: bool) -> bool:
         load(out)  # not a folder: one clear error, nothing created
     with lock(out):
         rep = check_run(out)  # reads the run first: a corrupt or foreign folder is one clear error
+        _record(out, [out / "theory.json", out / "report.json", out / "report.md"], "check", quiet)
     return _print_verdict(rep, quiet)
 
 
-def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
+def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> bool:
     """``gflow run``'s check report and figures, under one lock, overlapped: the run's theory
     first (both need it), then the figures are drawn in a second thread while the report's
     rows are computed. Drawing is Python (matplotlib holds the interpreter lock) and the
@@ -479,7 +670,7 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
 
     from .core import make_loss
     from .runs import check_output, check_run, load_or_compute, lock, plot_run
-    from .trajectory import load
+    from .trajectory import load, record_outputs
 
     traj = load(out)
     check_output(figdir)
@@ -488,8 +679,10 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> bool:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
         theory, how = load_or_compute(out, traj, loss=loss, write=True)
         with ThreadPoolExecutor(max_workers=1) as pool:
-            figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory)
+            figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory, spectrum=spectrum)
             rep = check_run(out, loss=loss, theory=(theory, how))
+            # recorded as soon as written: a kill while drawing leaves only the figures to repair
+            record_outputs(out, ["theory.json", "report.json", "report.md"])
             paths = figures.result()
     ok = _print_verdict(rep, quiet)
     if not quiet:
@@ -512,7 +705,7 @@ def _print_verdict(rep, quiet: bool) -> bool:
     return rep.passed
 
 
-def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
+def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> None:
     from .runs import check_output, lock, plot_run
     from .trajectory import load
 
@@ -520,7 +713,9 @@ def _plot(out: Path, figdir: Path, fmt: str, *, quiet: bool) -> None:
     check_output(figdir)  # a file, under a file, read-only: before drawing anything
     inside = Path(os.path.realpath(figdir)).is_relative_to(os.path.realpath(out))
     with lock(out) if inside else contextlib.nullcontext():
-        paths = plot_run(out, figdir, fmt=fmt)
+        paths = plot_run(out, figdir, fmt=fmt, spectrum=spectrum)
+        if inside:  # repairs a run whose figures were missing or damaged, then completes it
+            _record(out, paths, "plot", quiet)
     if not quiet:
         print(f"  figures: {', '.join(str(p) for p in paths)}")
 

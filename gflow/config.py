@@ -18,7 +18,10 @@ Unknown sections or keys, values of the wrong type (every key has one
 declared type, :data:`_KEY_TYPES`: a bool is not an integer, a float is never
 truncated, NaN and infinities are refused) and values out of range raise
 ``ValueError`` naming the key (``data.L``), the value given and what was
-expected, before anything is computed.
+expected, before anything is computed. Every integer key has bounds
+(:data:`LIMITS`, with the number of parents, of selectable sets and the depth of a
+kernel literal), checked before any size is computed from it; the memory the
+configuration needs is checked by :func:`gflow.runs.preflight` before any compute.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import numpy as np
 from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd", "sgd", "sde")
+_METHODS = ("tsit5", "kvaerno5", "gd", "modified", "sgd", "sde")
 METHODS = _METHODS  # every solver.method a configuration accepts (gflow run runs each)
 # The stochastic methods: R seeds (``sgd.seeds``) of a noisy training run, not one flow. ``gflow run``
 # and ``gflow.integrate`` run them (a trajectory with a seed axis); the flow integrators do not.
@@ -44,6 +47,57 @@ STOCHASTIC_METHODS = ("sgd", "sde")
 _SAMPLINGS = ("fresh", "fixed", "replace")
 _SHARDS = ("none", "seeds", "batch")
 _JOINT_COORDS = ("log", "C")
+
+# Bounds of every integer key, ``key: (lowest, highest)``, checked before a section is built (so
+# that no size is ever computed from, say, M = 10**30). The upper bounds are far above any run
+# that fits in memory; they exist so that every later expression (``d**k``, ``(d+1)**M``, a
+# sample of ``N·(burn_in+L)`` tokens, ``max_steps`` in a compiled loop) stays a small, fast
+# integer computation and within int32/int64. Whether a configuration inside them fits in the
+# memory of the machine is the resource preflight's question (:func:`gflow.runs.preflight`).
+LIMITS: dict[str, tuple[int, int]] = {
+    "data.d": (2, 4096),
+    "data.parents": (1, 4096),  # each offset
+    "data.L": (1, 10**7),
+    "data.burn_in": (0, 10**7),
+    "model.M": (1, 1024),
+    "model.H": (1, 1024),
+    "model.D": (0, 1024),
+    "solver.max_steps": (1, 10**9),
+    "solver.save_per_decade": (1, 10**4),
+    "estimator.N": (1, 10**9),
+    "estimator.seed": (0, 2**32 - 1),  # jax.random.key's 32-bit seed range (replicates add r to it)
+    "estimator.chunk": (0, 10**9),
+    "sgd.batch": (1, 10**9),
+    "sgd.seeds": (1, 10**6),
+    "sgd.seed": (0, 2**32 - 1),  # jax.random.key's 32-bit seed range
+    "sde.sigma_sample": (0, 10**9),
+}
+MAX_PARENTS = 32  # len(data.parents): the kernel has d**k rows
+MAX_SETS = 2**16  # |𝒮| = Σ_{r <= D} C(H, r): the selector's size, enumerated as tuples
+MAX_KERNEL_DEPTH = MAX_PARENTS + 1  # data.kernel: (d**k, d) or (d,)*k + (d,)
+
+
+def n_sets(H: int, D: int, limit: int = MAX_SETS) -> int:
+    """``|𝒮| = Σ_{r <= D} C(H, r)`` without enumerating it, stopping as soon as it exceeds `limit`
+    (then ``limit + 1``)."""
+    total, term = 0, 1
+    for r in range(0, min(D, H) + 1):
+        if r:
+            term = term * (H - r + 1) // r
+        total += term
+        if total > limit:
+            return limit + 1
+    return total
+
+
+def init_bounds(dtype: str) -> tuple[float, float]:
+    """``(big, gap)`` for the initialisation in `dtype`: ``|a0|, |w_plus|, |w_minus| <= big = ln(max)``
+    (``e^a`` and ``e^w`` are finite: the classifier reads ``e^{a·κ}`` with ``κ <= 1``, the theory
+    ``F(a)·e^a``) and ``|w_plus − w_minus| <= gap = −ln(tiny)`` (the smallest attention weight
+    ``≈ e^{−|w_plus − w_minus|}`` is a normal number, so every weight and its gradient is
+    non-zero). float64: 709.78 and 708.40; float32: 88.72 and 87.34."""
+    fi = np.finfo(dtype)
+    return math.log(float(fi.max)), -math.log(float(fi.tiny))
 
 
 def _floats(x) -> tuple[float, ...]:
@@ -111,8 +165,12 @@ class SolverConfig(eqx.Module):
       only the moving block, so its Jacobian is small) or ``"gd"``
       (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
+      ``"modified"`` (extension, README §M9): GD's first-order modified flow
+      ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``eta`` (``g = ∇L̂``, ``H = ∇²L̂``
+      through a Hessian-vector product), integrated by Tsit5 like the flow with the
+      same tolerances, stages, events and coordinates; ``eta = 0`` is the flow.
       One name for every stage, or a list of three, one per stage
-      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" is all or nothing.
+      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" and "modified" are all or nothing.
       ``"sgd"`` and ``"sde"`` (extensions, joint schedule only, all or nothing; the
       stochastic methods :data:`STOCHASTIC_METHODS`): online SGD with step ``eta`` to
       ``schedule.t1`` (``⌈t1/η⌉`` steps, as GD), and its diffusion limit, the SDE (the
@@ -125,7 +183,8 @@ class SolverConfig(eqx.Module):
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
-    - `eta`: the step of ``"gd"`` (default ``0.1``). GD takes whole steps
+    - `eta`: the step of ``"gd"`` and ``"sgd"`` (``> 0``) and of the modified flow
+      ``"modified"`` (``>= 0``) (default ``0.1``). GD takes whole steps
       only: a stage of duration T takes ``⌈T/η⌉`` steps (it ends at the first
       iterate at or after its nominal end), a stage's event ends it at the
       first iterate where the condition holds, and saved times are rounded to
@@ -171,20 +230,37 @@ class SolverConfig(eqx.Module):
         """``"sgd"`` or ``"sde"``: R seeds of a noisy run (:data:`STOCHASTIC_METHODS`)."""
         return self.method_for("I") in STOCHASTIC_METHODS
 
+    @property
+    def models_gd(self) -> bool:
+        """Whether the run models GD at the step ``eta`` ("gd" itself, or its modified
+        flow "modified"), so that it is not the gradient flow (‖C‖ grows, for one)."""
+        return self.method_for("I") in ("gd", "modified")
+
     def __check_init__(self):
         names = (self.method,) if isinstance(self.method, str) else self.method
-        if len(names) not in (1, 3) or any(m not in _METHODS for m in names):
+        if not isinstance(self.method, str) and len(names) != 3:
+            raise ValueError(
+                f"solver.method as a list needs one entry per stage (three: Stages I, II, III), got "
+                f"{list(names)!r}; give one name (a string) for every stage, e.g. {names[0]!r}"
+                if names else "solver.method as a list needs one entry per stage (three: Stages I, II, III), got []"
+            )
+        if any(m not in _METHODS for m in names):
             raise ValueError(
                 f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
                 f"got {self.method!r}"
             )
-        for m in ("gd", *STOCHASTIC_METHODS):
+        for m in ("gd", "modified", *STOCHASTIC_METHODS):
             if m in names and len(set(names)) > 1:
                 raise ValueError(f"solver.method: {m!r} cannot be mixed with ODE solvers, got {self.method!r}")
-        for name in ("rtol", "atol", "eta"):
+        for name in ("rtol", "atol"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"solver.{name} must be a finite number > 0, got {v!r}")
+        # the modified flow's η may be 0 (the flow itself); a step of GD or SGD may not
+        lo_ok = (lambda v: v >= 0) if "modified" in names else (lambda v: v > 0)
+        if not (isinstance(self.eta, (int, float)) and math.isfinite(self.eta) and lo_ok(self.eta)):
+            bound = ">= 0 with solver.method = 'modified'" if "modified" in names else "> 0"
+            raise ValueError(f"solver.eta must be a finite number {bound}, got {self.eta!r}")
         if not (isinstance(self.tau_min, (int, float)) and math.isfinite(self.tau_min) and self.tau_min > 0):
             raise ValueError(f"solver.tau_min must be a finite number > 0, got {self.tau_min!r}")
         for name, lo in (("max_steps", 1), ("save_per_decade", 1)):
@@ -197,7 +273,7 @@ class SolverConfig(eqx.Module):
             raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
 
 
-def _check_int(sec: str, obj, name: str, lo: int) -> None:
+def _check_count(sec: str, obj, name: str, lo: int) -> None:
     v = getattr(obj, name)
     if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
         raise ValueError(f"{sec}.{name} must be an integer >= {lo}, got {v!r}")
@@ -231,8 +307,8 @@ class SGDSection(eqx.Module):
 
     def __check_init__(self):
         for name in ("batch", "seeds"):
-            _check_int("sgd", self, name, 1)
-        _check_int("sgd", self, "seed", 0)
+            _check_count("sgd", self, name, 1)
+        _check_count("sgd", self, "seed", 0)
         if self.sampling not in _SAMPLINGS:
             raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
         if self.shard not in _SHARDS:
@@ -261,7 +337,7 @@ class SDESection(eqx.Module):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"sde.{name} must be a finite number >= 0, got {v!r}")
-        _check_int("sde", self, "sigma_sample", 0)
+        _check_count("sde", self, "sigma_sample", 0)
 
 
 class Config(eqx.Module):
@@ -277,6 +353,34 @@ class Config(eqx.Module):
     sde: SDESection = SDESection()
 
     def __check_init__(self):
+        _check_limits(self.to_dict())  # before anything below computes a size from them
+        m = self.model
+        if n_sets(m.H, m.D) > MAX_SETS:
+            raise ValueError(
+                f"model.H = {m.H} with model.D = {m.D} gives more than {MAX_SETS} selectable sets of heads "
+                f"(|𝒮| = Σ_(r <= D) C(H, r)); lower model.D or model.H"
+            )
+        big, gap = init_bounds(self.estimator.dtype)
+        for name in ("a0", "w_plus", "w_minus"):
+            v = float(getattr(self.init, name))
+            if not abs(v) <= big:
+                raise ValueError(
+                    f"init.{name} must satisfy |{name}| <= {big:.6g} = ln(largest {self.estimator.dtype}) "
+                    f"(e^{name} must be finite), got {v!r}"
+                )
+        if not abs(float(self.init.w_plus) - float(self.init.w_minus)) <= gap:
+            raise ValueError(
+                f"init.w_plus and init.w_minus must satisfy |w_plus − w_minus| <= {gap:.6g} = −ln(smallest normal "
+                f"{self.estimator.dtype}) (every attention weight ≈ e^−|w_plus − w_minus| a normal number), got "
+                f"w_plus = {self.init.w_plus!r}, w_minus = {self.init.w_minus!r}"
+            )
+        if self.solver.method_for("I") in ("gd", "sgd"):  # whole steps of eta: their number must be an exact float
+            T = self.schedule.t1 if self.schedule.kind == "joint" else max(self.schedule.durations)
+            if not T / self.solver.eta <= 2.0**53:
+                raise ValueError(
+                    f"solver.eta = {self.solver.eta!r} is too small for a run of duration {T!r} (schedule.durations / "
+                    f"schedule.t1): more than 2^53 steps of {self.solver.method_for('I')!r}"
+                )
         self._check_stochastic()
         if self.model.windows == "shifted" and self.schedule.kind == "staged" and self.schedule.events:
             # the Stage II event reads s^(h)_h (aligned windows); shifted head h's own offset is w[h-1, 0]
@@ -378,14 +482,6 @@ def _is_float(v) -> bool:
     return (_is_int(v) or isinstance(v, (float, np.floating))) and math.isfinite(v)
 
 
-def _is_matrix(v) -> bool:
-    if isinstance(v, np.ndarray):
-        return v.dtype.kind in "iuf" and bool(np.all(np.isfinite(v)))
-    if not isinstance(v, (list, tuple)) or len(v) == 0:
-        return False
-    return all(_is_matrix(x) for x in v) if isinstance(v[0], (list, tuple)) else all(_is_float(x) for x in v)
-
-
 _INT = _Type("an integer (not a float or a bool)", _is_int)
 _FLOAT = _Type("a finite number (not a string or a bool)", _is_float)
 _BOOL = _Type("true or false", lambda v: isinstance(v, (bool, np.bool_)))
@@ -401,7 +497,7 @@ _STRS = _Type(
     "a string or a list of strings",
     lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
 )
-_MATRIX = _Type("a (nested) list of finite numbers", lambda v: v is None or _is_matrix(v))
+_MATRIX = _Type("a (nested) list of finite numbers", lambda v: _kernel_problem(v) is None)
 
 # The type of every configuration key. To add a key: add the field (with its default and its range
 # check in ``__check_init__``) to the section's class, and ONE line here, ``"section.key": _TYPE``;
@@ -463,14 +559,86 @@ _KEY_TYPES: dict[str, _Type] = {
 }
 
 
+def _short(v, n: int = 80) -> str:
+    """``repr(v)``, cut to `n` characters (a message never prints a whole table or a deep list)."""
+    try:
+        r = repr(v)
+    except RecursionError:
+        r = f"<a {type(v).__name__} nested too deeply to print>"
+    return r if len(r) <= n else r[: n - 5] + " …" + r[-3:]
+
+
+def _kernel_problem(v) -> str | None:
+    """Why `v` is not a rectangular nested list of finite numbers at most :data:`MAX_KERNEL_DEPTH`
+    deep (``None`` if it is one); iterative, so any depth is answered without recursion."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind not in "iuf":
+            return f"an array of numbers, got dtype {v.dtype}"
+        if v.ndim > MAX_KERNEL_DEPTH:
+            return f"at most {MAX_KERNEL_DEPTH} levels of lists deep, got {v.ndim}"
+        return None if np.all(np.isfinite(v)) else "finite numbers (no NaN or infinity)"
+    shape: list[int] = []
+    level = [v]
+    while level and isinstance(level[0], (list, tuple)):
+        if len(shape) >= MAX_KERNEL_DEPTH:
+            return f"at most {MAX_KERNEL_DEPTH} levels of lists deep ((d**k, d) or (d,)*k + (d,))"
+        n = len(level[0])
+        if n == 0:
+            return "a non-empty (nested) list of numbers"
+        if any(not isinstance(x, (list, tuple)) or len(x) != n for x in level):
+            return f"rectangular (every list at depth {len(shape) + 1} of the same length {n}, no number beside a list)"
+        shape.append(n)
+        level = [y for x in level for y in x]
+    if not shape:
+        return "a (nested) list of finite numbers, not a single value"
+    if not all(_is_float(x) for x in level):
+        return "a (nested) list of finite numbers (no strings, bools, NaN or infinities)"
+    return None
+
+
+def _check_int(name: str, v) -> None:
+    lo, hi = LIMITS[name]
+    if v < lo and name == "estimator.seed":  # every other key's section states its own lower bound
+        raise ValueError(f"{name} must be an integer >= {lo}, got {_short(v)}")
+    if v > hi:
+        raise ValueError(f"{name} must be an integer <= {hi} (gflow's bound on it, gflow.config.LIMITS), got {_short(v)}")
+
+
+def _check_limits(d: dict) -> None:
+    """:data:`LIMITS` (and the number of parents) of a configuration dictionary: ``ValueError``
+    naming the key."""
+    for name in LIMITS:
+        sec, key = name.split(".")
+        v = d.get(sec, {}).get(key)
+        if v is None:
+            continue
+        vals = list(v) if isinstance(v, (list, tuple)) else [v]
+        if name == "data.parents" and len(vals) > MAX_PARENTS:
+            raise ValueError(f"data.parents must have at most {MAX_PARENTS} offsets, got {len(vals)}")
+        for x in vals:
+            if _is_int(x):
+                _check_int(name, x)
+
+
 def _check_type(sec: str, key: str, v) -> Any:
-    """``v`` if it has the key's type (ints of float keys become floats), else ``ValueError``
-    naming the key, the value given and the type expected."""
-    t = _KEY_TYPES.get(f"{sec}.{key}")
+    """``v`` if it has the key's type (ints of float keys become floats) and, for an integer key,
+    lies within :data:`LIMITS`, else ``ValueError`` naming the key, the value given and what was
+    expected."""
+    name = f"{sec}.{key}"
+    t = _KEY_TYPES.get(name)
     if t is None:  # a field without a line in the table: its class checks it
         return v
+    if t is _MATRIX:
+        why = _kernel_problem(v)
+        if why is not None:
+            raise ValueError(f"{name} must be {why}, got {_short(v)}")
+        return v
     if not t.ok(v):
-        raise ValueError(f"{sec}.{key} must be {t.expected}, got {v!r} ({type(v).__name__})")
+        raise ValueError(f"{name} must be {t.expected}, got {_short(v)} ({type(v).__name__})")
+    if name in LIMITS:
+        _check_limits({sec: {key: v}})
     if t is _FLOAT:
         return float(v)
     if t is _FLOATS:
@@ -501,9 +669,12 @@ def from_dict(d: dict[str, Any]) -> Config:
         except (TypeError, ValueError, OverflowError) as e:
             msg = str(e)
             if f"{sec}." not in msg:
-                msg = f"bad value in [{sec}] ({vals}): {msg}"
+                msg = f"bad value in [{sec}] (keys {sorted(vals)}): {msg}"
             raise ValueError(msg) from None
-    return Config(**kwargs)
+    try:
+        return Config(**kwargs)
+    except (TypeError, OverflowError) as e:
+        raise ValueError(f"bad configuration: {e}") from None
 
 
 # Below this many sequences the Monte Carlo standard errors mean little: the estimated standard
@@ -541,11 +712,14 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist")
+    what = _not_a_file(path)
+    if what is not None:
+        raise ValueError(f"config file {str(path)!r} {what}: a configuration is a TOML file")
     try:
         with open(path, "rb") as f:
             d = tomllib.load(f)
+    except RecursionError:
+        raise ValueError(f"config file {str(path)!r} nests arrays or tables too deeply to be a configuration") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
@@ -555,3 +729,26 @@ def load_config(path: str | Path | None) -> Config:
     except OSError as e:
         raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
     return from_dict(d)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """What `path` is when it is not a readable regular file or a pipe (``None`` when it is)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):  # a pipe: `gflow run <(…)` reads it once
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if stat.S_ISCHR(mode):
+        return "is a character device (like /dev/null), not a file"
+    if stat.S_ISBLK(mode):
+        return "is a block device, not a file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a file"
+    return "is not a regular file"

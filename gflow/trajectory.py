@@ -22,6 +22,14 @@ are then the seed means of those (θ̄ = the mean parameters, the mean loss, …
 every reader of a trajectory reads the seed mean. ``run.json`` says ``"seeds": R``.
 Deterministic runs have ``per_seed = None`` and files without ``seed_*`` arrays.
 
+**Complete means whole.** ``gflow run`` lists the files it writes after the integration (the
+report, ``theory.json``, the figures) in the snapshot's ``files`` manifest: while it writes them
+the status is :data:`WRITING` (the integration is complete, its outputs are not), and it becomes
+``"complete"`` only when every listed file has been written whole (atomically) and recorded with
+its size and SHA-256 (:func:`record_outputs`, written last). A run killed while drawing is
+therefore never ``complete``; ``gflow plot`` / ``gflow check`` write the missing files and
+complete it. :func:`run_status` also re-verifies the listed files.
+
 **One writer.** The run layer's lock (``gflow.runs.lock``, an exclusive
 ``fcntl.flock`` on ``DIR/.lock``) keeps a second writer out; :func:`load` does
 not need it.
@@ -49,6 +57,9 @@ _ARRAYS = (
 
 # The arrays a stochastic run keeps per seed (every array but the shared times and stage codes).
 SEED_ARRAYS = tuple(k for k in _ARRAYS if k not in ("ts", "stage"))
+
+# The status of a run whose integration is complete while gflow run writes its report and figures.
+WRITING = "integrated, writing outputs"
 
 
 class RunFolderError(ValueError, FileNotFoundError):
@@ -126,7 +137,13 @@ class Trajectory:
     wall: float = 0.0
     generation: int = 0
     controller: dict | None = None
+    files: dict | None = None
     per_seed: dict[str, np.ndarray] | None = None
+
+    @property
+    def integrated(self) -> bool:
+        """Whether the integration is complete (status ``"complete"`` or :data:`WRITING`)."""
+        return self.status in ("complete", WRITING)
 
     # -- the seed axis of a stochastic run -------------------------------------
     @property
@@ -238,6 +255,7 @@ def _meta(traj: Trajectory) -> dict:
         "n_saved": len(traj.ts),
         "controller": traj.controller,
         "seeds": traj.n_seeds,
+        "files": traj.files,
     }
 
 
@@ -341,7 +359,74 @@ def load(out: str | Path) -> Trajectory:
         wall=meta.get("wall", 0.0),
         generation=int(meta.get("generation", 0)),
         controller=meta.get("controller"),
+        files=meta.get("files") if isinstance(meta.get("files"), dict) else None,
     )
+
+
+# ---------------------------------------------------------------------------
+# The files a run lists (its outputs), and its status
+# ---------------------------------------------------------------------------
+
+
+def file_record(path: Path) -> dict:
+    """``{"bytes": size, "sha256": hex}`` of a file."""
+    import hashlib
+
+    data = Path(path).read_bytes()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _whole(path: Path, rec) -> bool:
+    if not isinstance(rec, dict) or not path.is_file():
+        return False
+    try:
+        return rec.get("bytes", 0) > 0 and file_record(path) == {"bytes": rec["bytes"], "sha256": rec.get("sha256")}
+    except OSError:
+        return False
+
+
+def missing_outputs(out: str | Path, traj: Trajectory) -> list[str]:
+    """The files `traj`'s manifest lists that are not (or no longer) whole in `out`."""
+    out = Path(out)
+    return [n for n, rec in (traj.files or {}).items() if not _whole(out / n, rec)]
+
+
+def record_outputs(out: str | Path, names) -> tuple[str, list[str]]:
+    """Record the files `names` (relative to `out`) that a command has just written whole in the
+    run's manifest; the status becomes ``"complete"`` when every listed file is whole, else
+    :data:`WRITING`. Call it under the folder's lock. A run without a manifest (``gflow.integrate``
+    without ``outputs``, or written before manifests) or not integrated is left as it is.
+    Returns ``(status, missing files)``."""
+    out = Path(out)
+    traj = load(out)
+    if traj.files is None or not traj.integrated:
+        return traj.status, []
+    files = dict(traj.files)
+    for n in names:
+        n = str(n)
+        if n in files and (out / n).is_file() and (out / n).stat().st_size > 0:
+            files[n] = file_record(out / n)
+    missing = [n for n, rec in files.items() if not _whole(out / n, rec)]
+    status = "complete" if not missing else WRITING
+    if files != traj.files or status != traj.status:
+        traj.files, traj.status = files, status
+        save(traj, out)
+    return status, missing
+
+
+def run_status(out: str | Path) -> str:
+    """The run's status, with its listed files re-verified: ``"complete"`` only when the
+    integration is complete and every file of its manifest is whole; else the saved status, or
+    ``"incomplete: <files> missing or damaged"``."""
+    traj = load(out)
+    if traj.status != "complete":
+        return traj.status
+    bad = missing_outputs(out, traj)
+    return f"incomplete: {', '.join(bad)} missing or damaged" if bad else "complete"
+
+
+# The figures of a run (gflow.figures draws them; the run layer cleans their temporaries)
+FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")
 
 
 # ---------------------------------------------------------------------------

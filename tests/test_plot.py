@@ -148,7 +148,7 @@ def theory(traj):
 def run_dir(tmp_path_factory, traj, theory):
     d = tmp_path_factory.mktemp("run")
     save(traj, d)
-    (d / "theory.json").write_text(json.dumps(theory.to_json()))
+    gflow.runs.save_theory(d / "theory.json", theory)  # with its checksum, as gflow writes it
     return d
 
 
@@ -398,12 +398,12 @@ def test_plot_run_on_a_folder_without_a_run(tmp_path):
 def _without_config(th) -> dict:
     js = json.loads(json.dumps(th.to_json() if isinstance(th, Theory) else th))
     js.pop("config")
+    js.pop("sha256", None)  # theory.json's checksum (of its content, config included)
     return js
 
 
 def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, one_figure):
-    import gflow.core._loss
-    import gflow.theory._theory
+    import gflow.runs._folder
 
     calls = []
 
@@ -442,8 +442,7 @@ def test_theory_is_computed_once_and_saved(traj, theory, tmp_path, monkeypatch, 
 def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, monkeypatch):
     """load_or_compute reuses a theory.json whose configuration key is the run's,
     and recomputes one with another estimator seed."""
-    import gflow.core._loss
-    import gflow.theory._theory
+    import gflow.runs._folder
     from gflow.runs import load_or_compute
     from gflow.theory._result import config_key
 
@@ -454,7 +453,7 @@ def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, mo
     d = tmp_path / "run"
     save(traj, d)
     js = dataclasses.replace(theory, config=key).to_json()
-    (d / "theory.json").write_text(json.dumps(js))
+    gflow.runs.save_theory(d / "theory.json", js)
     got, how = load_or_compute(d, traj)
     assert how == "reused" and got.S_star == (1, 2) and got.law((1, 2)).a_star == 3.5
 
@@ -464,7 +463,17 @@ def test_theory_json_belongs_to_the_run_by_its_config(traj, theory, tmp_path, mo
     monkeypatch.setattr(gflow.runs._folder, "theory_report", fail)
     monkeypatch.setattr(gflow.runs._folder, "make_loss", lambda *cfgs: None)
     js["config"]["estimator"]["seed"] += 1
-    (d / "theory.json").write_text(json.dumps(js))
+    gflow.runs.save_theory(d / "theory.json", js)  # a valid checksum, another key: recomputed
+    with pytest.raises(RuntimeError, match="recomputed"):
+        load_or_compute(d, traj)
+    # the run's key, a valid file, but a* doubled by hand (checksum not updated): recomputed, not trusted
+    js["config"]["estimator"]["seed"] -= 1
+    gflow.runs.save_theory(d / "theory.json", js)
+    tampered = json.loads((d / "theory.json").read_text())
+    for law in tampered["laws"].values():
+        if law.get("a_star") is not None:
+            law["a_star"] *= 2
+    (d / "theory.json").write_text(json.dumps(tampered))
     with pytest.raises(RuntimeError, match="recomputed"):
         load_or_compute(d, traj)
 

@@ -252,10 +252,11 @@ def test_corrupt_run_folders_exit_2_with_one_line(tmp_path, capsys, monkeypatch)
     def boom(*a, **k):
         raise AssertionError("reached the checks or the figures")
 
-    monkeypatch.setattr(gflow.runs._folder, "theory_report", boom)
-    monkeypatch.setattr(gflow.runs._folder, "make_loss", boom)
-    monkeypatch.setattr(gflow.runs._folder, "load_or_compute", boom)
-    monkeypatch.setattr(gflow.runs, "plot_run", boom)
+    import gflow.runs._folder
+
+    for name in ("theory_report", "make_loss", "load_or_compute", "draw_run"):  # where gflow.runs calls them
+        monkeypatch.setattr(gflow.runs._folder, name, boom)
+    monkeypatch.setattr(gflow.runs, "plot_run", boom)  # what the command line calls
     cases = _corrupt_cases(tmp_path)
     assert len(cases) >= 17
     for name, (d, fragment) in cases.items():
@@ -318,7 +319,7 @@ def test_run_exit_code_follows_the_report(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gflow.runs, "integrate", fake_integrate)
     for passed, code in ((False, 1), (True, 0)):
         rep = Report(rows=[Row("trajectory finite", "every saved value finite", "a", "exact", passed)])
-        monkeypatch.setattr(gflow.runs, "check_run", lambda out, rep=rep: rep)
+        monkeypatch.setattr(gflow.runs, "check_run", lambda out, rep=rep: rep)  # what the command line calls
         assert gflow.cli.main(["run", "--out", str(d), "--overwrite", "--no-plot", "--quiet"]) == code
         err = capsys.readouterr().err
         assert ("the check report's verdict fails" in err) == (not passed)

@@ -13,6 +13,7 @@ from ._fit import linear_fit as linear_fit
 from ._fit import log_slope as log_slope
 from ._fit import power_exponent as power_exponent
 from ._io import STAGE_CODES as STAGE_CODES
+from ._io import atomic_savefig as atomic_savefig
 from ._io import atomic_write_json as atomic_write_json
 from ._io import atomic_write_npz as atomic_write_npz
 from ._io import atomic_write_text as atomic_write_text

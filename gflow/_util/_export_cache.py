@@ -16,6 +16,14 @@ error mode, the versions of gflow, jax, jaxlib, diffrax, equinox, optimistix and
 source of every gflow module. Anything that cannot be exported (a host callback: the
 progress meter, the host evaluation counter; several devices) is called the ordinary
 way; a failure to read or write the cache only costs the trace.
+
+**An entry cannot lie.** Each file is ``MAGIC``, the 32-character key it was made for, the
+SHA-256 of the program's bytes, their length, then the bytes (:func:`_pack`). Before use the
+header, the key, the length and the checksum are verified; a mismatch, a truncated file, or any
+exception while reading, deserializing or calling the program drops the entry (the file is
+removed and written afresh by the next export), says so once per process in one line on stderr,
+and the call takes the uncached path, so a damaged cache never changes a result or stops a run.
+Files are written to a temporary name and renamed (atomic: runs sharing a cache are safe).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
+import sys
 from pathlib import Path
 
 import diffrax
@@ -35,6 +45,47 @@ _DIR: Path | None = None
 _NOT_EXPORTABLE: set[str] = set()
 _LOADED: dict[str, object] = {}
 _FINGERPRINT: str | None = None
+_WARNED = False
+
+MAGIC = b"gflow-export-v1\n"
+_HEADER = struct.Struct("<32s32sQ")  # key (ascii), sha256 of the payload, payload length
+
+
+class _Damaged(Exception):
+    """A cache entry that is not the program written for its key."""
+
+
+def _pack(key: str, blob: bytes) -> bytes:
+    return MAGIC + _HEADER.pack(key.encode("ascii"), hashlib.sha256(blob).digest(), len(blob)) + blob
+
+
+def _unpack(key: str, raw: bytes) -> bytes:
+    """The program's bytes of a cache file, verified (``_Damaged`` saying what is wrong)."""
+    n = len(MAGIC) + _HEADER.size
+    if len(raw) < n or not raw.startswith(MAGIC):
+        raise _Damaged("not a gflow cache entry (header missing or truncated)")
+    k, digest, size = _HEADER.unpack_from(raw, len(MAGIC))
+    blob = raw[n:]
+    if k != key.encode("ascii"):
+        raise _Damaged("made for another key")
+    if len(blob) != size:
+        raise _Damaged(f"truncated ({len(blob)} of {size} bytes)")
+    if hashlib.sha256(blob).digest() != digest:
+        raise _Damaged("checksum mismatch (the bytes changed after they were written)")
+    return blob
+
+
+def _drop(path: Path, why: str) -> None:
+    """Remove a damaged entry and say so (once per process, one line)."""
+    global _WARNED
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+    if not _WARNED:
+        _WARNED = True
+        print(f"gflow: warning: dropped the damaged program cache entry {str(path)!r} ({why}); it is recomputed "
+              "and rewritten (further damaged entries are dropped silently)", file=sys.stderr)  # fmt: skip
 
 
 def enable_export_cache(folder: str | os.PathLike) -> None:
@@ -116,7 +167,13 @@ def cached_call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
     # previous call committed, and the call's compiled program is keyed by that too (without
     # this, every stage compiled its program twice)
     dev = jax.devices()[0]
-    out = exp.call(*[jax.device_put(x, dev) for x in leaves])
+    try:
+        out = exp.call(*[jax.device_put(x, dev) for x in leaves])
+    except Exception as e:  # a program that deserialized but cannot run: drop it, the uncached call
+        _LOADED.pop(key, None)
+        _NOT_EXPORTABLE.add(key)
+        _drop(_DIR / f"{key}.jaxexport", f"calling it failed: {type(e).__name__}")
+        return fn(*args, **kwargs)
     if result_at is not None:
         out = tuple(_result_item(x) if i == result_at else x for i, x in enumerate(out))
     return out
@@ -125,9 +182,16 @@ def cached_call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
 def _load_or_export(key: str, fn, treedef, static, leaves):
     path = _DIR / f"{key}.jaxexport"
     try:
-        return jax.export.deserialize(bytearray(path.read_bytes()))
-    except (OSError, ValueError):
-        pass
+        raw_file = path.read_bytes()
+    except OSError:  # not cached yet (or unreadable): export it
+        raw_file = None
+    if raw_file is not None:
+        try:
+            return jax.export.deserialize(bytearray(_unpack(key, raw_file)))
+        except _Damaged as e:
+            _drop(path, str(e))
+        except Exception as e:  # any failure to deserialize: the entry is dropped, never trusted
+            _drop(path, f"cannot be deserialized: {type(e).__name__}")
     raw = getattr(fn, "__wrapped__", fn)
 
     def flat(*xs):
@@ -158,7 +222,7 @@ def _load_or_export(key: str, fn, treedef, static, leaves):
     try:
         _DIR.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(blob)
+        tmp.write_bytes(_pack(key, bytes(blob)))
         os.replace(tmp, path)
     except OSError:
         pass

@@ -61,7 +61,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     ``os.replace``: a reader never sees a half-written file."""
     path = Path(path)
     tmp = _temporary(path)
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -74,13 +74,25 @@ def atomic_write_npz(path: str | Path, **arrays) -> None:
     os.replace(tmp, path)
 
 
+def atomic_savefig(fig, path: str | Path, **kw) -> Path:
+    """``fig.savefig`` to `path` through a temporary file in the same folder and ``os.replace``, as
+    :func:`atomic_write_text`: a process killed while drawing leaves the previous file or none, never
+    a truncated one. The format is `path`'s suffix (given explicitly: the temporary name ends in
+    ``.tmp.png``, which matplotlib would read as well)."""
+    path = Path(path)
+    tmp = _temporary(path)  # a writer that dies leaves it; removed under the folder's lock
+    fig.savefig(tmp, format=kw.pop("format", path.suffix.lstrip(".") or None), **kw)
+    os.replace(tmp, path)
+    return path
+
+
 def remove_temporaries(folder: str | Path, *names: str) -> None:
     """Remove the temporary files of `names` in `folder` that a writer killed mid-write left
     (call it only when no writer can be alive, e.g. holding the folder's lock)."""
     folder = Path(folder)
     for name in names:
         p = folder / name
-        for stale in folder.glob(f".{p.stem}.*.tmp{p.suffix}"):
+        for stale in p.parent.glob(f".{p.stem}.*.tmp{p.suffix}"):
             stale.unlink(missing_ok=True)
 
 

@@ -127,8 +127,9 @@ class Ctx:
         self.sets = traj.subsets
         self.nS = len(self.sets)
         self.joint = self.cfg.schedule.kind == "joint"
-        # discrete or noisy steps (GD, SGD, the SDE's Euler–Maruyama): no adaptive solver's error budget
-        self.gd = self.cfg.solver.is_gd or self.cfg.solver.is_stochastic
+        # not the flow: GD or its modified flow (‖C‖ grows), SGD or the SDE (discrete noisy steps); no
+        # adaptive solver's error budget for a's frozen zero
+        self.gd = self.cfg.solver.models_gd or self.cfg.solver.is_stochastic
         self.delta = self.cfg.schedule.delta
         self.S_star, self.argmax_J = theory.S_star, theory.argmax_J
         self.selected = selected_set(traj)

@@ -116,7 +116,7 @@ def _run_summary(traj: Trajectory) -> dict:
     cfg = traj.config
     keys = ("name", "t0", "t1", "ended_by", "complete", "steps", "rejected", "nfev", "selected")
     return {
-        "status": traj.status,
+        "status": "complete" if traj.integrated else traj.status,  # of the integration
         "schedule": cfg.schedule.kind,
         "method": cfg.solver.method if isinstance(cfg.solver.method, str) else list(cfg.solver.method),
         "n_saved": len(traj.ts),
@@ -185,7 +185,7 @@ def check(
     if sel is not None:
         theory = theory.with_law(loss, sel)
     ctx = Ctx(traj, theory, loss, k_se)
-    if traj.status != "complete":
+    if not traj.integrated:
         ctx.notes.append(f"run status {traj.status!r}: rows of unfinished stages are undecided or skipped")
     row_finite(ctx)
     if stage1_end(ctx) is None:

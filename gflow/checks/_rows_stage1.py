@@ -205,7 +205,8 @@ def row_norm(ctx: Ctx) -> None:
     """Exact: ‖C‖² is conserved in Stage I (L̂ depends on C only through c/Σc, so
     ∇_C L̂ ⟂ C); tolerance the adaptive solver's accumulated local-error budget
     ``2·steps·(rtol + atol·√|𝒮|/‖C‖)``. Wrong answer: a relative drift of 1e-3.
-    Informational for gradient descent (explicit Euler grows ‖C‖² by η²‖∇_C L̂‖²), SGD and the SDE."""
+    Informational for gradient descent (explicit Euler grows ‖C‖² by η²‖∇_C L̂‖²), its
+    modified flow (d‖C‖²/dt = η λ_C² ‖∇_C L̂‖², README §M9), SGD and the SDE."""
     rec, idx, _, _ = stage1_end(ctx)
     n2 = np.sum(np.asarray(ctx.traj.C[idx], np.float64) ** 2, axis=1)
     if n2[0] == 0:
@@ -214,8 +215,10 @@ def row_norm(ctx: Ctx) -> None:
     drift = float(np.max(np.abs(n2 / n2[0] - 1.0)))
     name = "I: ‖C‖² conserved (relative change)"
     if ctx.gd:
-        why = ("explicit Euler grows ‖C‖² by η²‖∇_C L̂‖² per step" if ctx.cfg.solver.is_gd else
-               "discrete noisy steps grow ‖C‖² (by η²‖∇_C L̂_B‖² per SGD step; Itô's term for the SDE)")
+        method = ctx.cfg.solver.method_for("I")
+        why = ("GD's modified flow grows ‖C‖² at the rate η λ_C² ‖∇_C L̂‖²" if method == "modified"
+               else "explicit Euler grows ‖C‖² by η²‖∇_C L̂‖² per step" if method == "gd"
+               else "discrete noisy steps grow ‖C‖² (by η²‖∇_C L̂_B‖² per SGD step; Itô's term for the SDE)")
         ctx.info(name, 0.0, drift, why, "exact")
         return
     sc = ctx.cfg.solver

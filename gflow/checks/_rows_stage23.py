@@ -286,7 +286,7 @@ def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
         ctx.info(name, "∞ (F > 0 on the grid)", a_end, "the frozen force has no zero on the theory's grid", "exact")
         return
     if ctx.gd:
-        ctx.info(name, a0, a_end, "gradient descent: no solver error budget", "exact")
+        ctx.info(name, a0, a_end, "gradient descent or its modified flow: no solver error budget for GD", "exact")
         return
     tr, sc, dt = ctx.traj, ctx.cfg.solver, ctx.loss.eps.dtype
     rec = ctx.stage("III")

@@ -162,10 +162,21 @@ def resolve_layout(layout: str, d: int, M: int) -> str:
     if layout not in _LAYOUTS:
         raise ValueError(f"estimator.layout must be one of {_LAYOUTS}, got {layout!r}")
     if layout == "auto":
-        if (d + 1) ** M <= _AUTO_MAX_WINDOWS:
+        if _power_at_most(d + 1, M, _AUTO_MAX_WINDOWS):
             return "counts"
         return "sparse" if sparse_table_size(d, M) <= _AUTO_MAX_SPARSE else "positions"
     return layout
+
+
+def _power_at_most(base: int, exp: int, limit: int) -> bool:
+    """``base**exp <= limit`` for ``base >= 2``, in at most ``log2(limit) + 1`` multiplications
+    (never computing a huge power: M = 10**30 must not hang)."""
+    x = 1
+    for _ in range(int(exp)):
+        x *= base
+        if x > limit:
+            return False
+    return True
 
 
 def _tree_norm(t) -> Float[Array, ""]:

@@ -10,7 +10,11 @@
   scales ``Λ = diag(η_w, η_C, η_a)``;
 - ``solver.method = "gd"`` (extension): discrete gradient descent
   ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
-  constant step η), for either schedule.
+  constant step η), for either schedule;
+- ``solver.method = "modified"`` (extension, README §M9): GD's first-order
+  modified flow ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``η = solver.eta``,
+  integrated by Tsit5 like the flow (same stages, events, coordinates, saves,
+  progress and resume); ``η = 0`` is the flow.
 
 Each stage is integrated one decade of its own time τ = t − t0 at a time
 (``solver.save_per_decade`` saved points each); the trajectory (with the loss, gradient and
@@ -32,7 +36,7 @@ import numpy as np
 from .._util import STAGE_CODES, cached_call, versions
 from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
-from ..trajectory import StageRecord, Trajectory
+from ..trajectory import WRITING, StageRecord, Trajectory
 from ._solve import (
     COUNTS,
     LogC,
@@ -42,7 +46,9 @@ from ._solve import (
     event_coordinates,
     event_value,
     fresh_carry,
+    modified_eta,
     new_tag,
+    ode_method,
     save_grid,
     solve_segment,
     split_segments,
@@ -94,6 +100,7 @@ def integrate(
     params0: Params | None = None,
     verbose: bool = False,
     throw: bool = True,
+    outputs: list[str] | None = None,
 ) -> Trajectory:
     """Integrate the gradient flow of ``config`` and return its trajectory.
 
@@ -117,6 +124,10 @@ def integrate(
     - `throw`: raise :class:`FlowError` when the integration fails (default,
       as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
       is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
+      the report and the figures): the run ends with status
+      :data:`~gflow.trajectory.WRITING` and these names in its manifest, and becomes ``"complete"``
+      when they are recorded whole (:func:`gflow.trajectory.record_outputs`).
 
     With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
     the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
@@ -132,7 +143,7 @@ def integrate(
     """
     refuse_sgd(config, "gflow.integrate")  # solver.method = "sgd": gflow.sgd runs it, not the flow
     kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
-          "throw": throw}
+          "throw": throw, "outputs": outputs}
     if out is None:
         return _integrate(config, out=None, **kw)
     with out.lock():
@@ -143,7 +154,7 @@ def integrate(
             raise
 
 
-def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw) -> Trajectory:
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None) -> Trajectory:
     cfg = config
     dtype = cfg.estimator.jdtype
     t_wall = time.perf_counter()
@@ -196,6 +207,8 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
             return e.trajectory
 
     traj.status = "complete"
+    if outputs and out is not None:  # complete once the caller has written (and recorded) them
+        traj.status, traj.files = WRITING, {str(n): None for n in outputs}
     traj.wall = wall0 + time.perf_counter() - t_wall
     if out is not None:
         out.save(traj)
@@ -391,7 +404,7 @@ class StageRun:
         # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
         # (the batched driver counts on the host: each replicate counts the batched evaluations)
         self.in_program = (not (batched or StageRun.host_count)
-                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd"))  # fmt: skip
+                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd", "modified"))  # fmt: skip
         self.tag = new_tag()
         self.nfev_program = 0
         self.segs: list[np.ndarray] = []
@@ -548,7 +561,8 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
     if run.start(bool(finite0)):
         sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
         tag = None if run.in_program else jnp.asarray(run.tag)
-        vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C)
+        vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C,
+                         eta_mod=modified_eta(cfg, run.name, dtype))  # fmt: skip
         sc = cfg.solver
         carry = run.carry0(dtype)
         steady_args = run.steady_args()
@@ -556,7 +570,7 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = cached_call(solve_segment, (
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
-                carry), dict(method=sc.method_for(run.name), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                carry), dict(method=ode_method(sc.method_for(run.name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
                 delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
                 steady=run.steady, t_stage0=steady_args), result_at=2,
             )  # fmt: skip

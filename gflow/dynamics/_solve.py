@@ -63,7 +63,14 @@ def _tick(tag) -> None:
 class VectorField(eqx.Module):
     """``−Λ ∇L̂`` restricted to the moving blocks: the ODE state is the dict of
     moving blocks only, so frozen blocks stay bit-for-bit fixed and an
-    implicit solver's Jacobian is only as large as what moves."""
+    implicit solver's Jacobian is only as large as what moves.
+
+    With `eta_mod` (``solver.method = "modified"``, README §M9) the field is GD's
+    first-order modified flow ``−Λg − (η/2) Λ H Λ g`` (``g = ∇L̂``, ``H = ∇²L̂``,
+    both of the stage loss: the moving blocks only, so ``Λ`` is the stage's mask),
+    its Hessian-vector product ``H(Λg)`` from ``jax.linearize`` of the gradient (one
+    gradient and one tangent pass; no Hessian is formed). ``eta_mod = 0`` gives
+    ``−Λg`` exactly (the flow, to rounding)."""
 
     stage_loss: StageLoss
     scale: dict
@@ -72,13 +79,39 @@ class VectorField(eqx.Module):
     # joint schedule: when given, y["C"] is ℓ = log|C| and C = sign_C·e^ℓ (see LogC)
     sign_C: jax.Array | None = None
 
+    # GD's step η of the modified flow (an array: runs that differ in η share the compiled solve);
+    # None: the gradient flow
+    eta_mod: jax.Array | None = None
+
     def __call__(self, t, y: dict, args) -> dict:
         if self.tag is not None:
             jax.debug.callback(_tick, self.tag)
         if self.sign_C is None:
-            g = jax.grad(self.stage_loss)(y)
-            return {b: -self.scale[b] * g[b] for b in y}
+            return self.theta_field(y)
         return LogC.field(self, y)
+
+    def theta_field(self, x: dict) -> dict:
+        """The field in θ's own coordinates (C, not log|C|) at the moving blocks `x`."""
+        if self.eta_mod is None:
+            g = jax.grad(self.stage_loss)(x)
+            return {b: -self.scale[b] * g[b] for b in x}
+        g, hvp = jax.linearize(jax.grad(self.stage_loss), x)
+        lg = {b: self.scale[b] * g[b] for b in x}
+        hlg = hvp(lg)
+        half = 0.5 * self.eta_mod
+        return {b: -lg[b] - half * (self.scale[b] * hlg[b]) for b in x}
+
+
+def modified_eta(cfg: Config, stage: str, dtype) -> jax.Array | None:
+    """The step η of GD's modified flow when the stage's solver is ``"modified"``, else ``None``."""
+    if cfg.solver.method_for(stage) != "modified":
+        return None
+    return jnp.asarray(cfg.solver.eta, dtype)
+
+
+def ode_method(method: str) -> str:
+    """The diffrax solver of a ``solver.method``: the modified flow is integrated by Tsit5."""
+    return "tsit5" if method == "modified" else method
 
 
 class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
@@ -176,10 +209,15 @@ class LogC:
         ell = y["C"]
         lo = LogC.floor(ell.dtype)
         Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
-        g = jax.grad(vf.stage_loss)({**y, "C": Cc})
         safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
-        dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
-        return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
+        if vf.eta_mod is None:  # the flow, as it always was (bit for bit)
+            g = jax.grad(vf.stage_loss)({**y, "C": Cc})
+            dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
+            return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
+        # the modified flow: the same field in θ pushed forward, dℓ_S/dt = (dC_S/dt)/C_S
+        f = vf.theta_field({**y, "C": Cc})
+        dell = jnp.where(vf.sign_C != 0, f["C"] / safe, 0.0)
+        return {b: (dell if b == "C" else f[b]) for b in y}
 
 
 # ---------------------------------------------------------------------------------------------------

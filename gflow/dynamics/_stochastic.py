@@ -36,7 +36,7 @@ import numpy as np
 from .._util import versions
 from ..config import Config
 from ..core import Params, PopulationLoss, init_params, make_loss
-from ..trajectory import SEED_ARRAYS, StageRecord, Trajectory
+from ..trajectory import SEED_ARRAYS, WRITING, StageRecord, Trajectory
 from ._flow import FlowError, check_params
 from ._sde import sde, sde_settings
 from ._sgd import sgd, sgd_settings
@@ -51,7 +51,7 @@ def check_stochastic(config: Config) -> None:
     (sgd_settings if m == "sgd" else sde_settings)(config)  # the settings' own checks
 
 
-def _resumed(config: Config, out) -> Trajectory:
+def _resumed(config: Config, out, outputs=None) -> Trajectory:
     """`resume` of a stochastic run: the saved run itself when it is complete and was made by the
     very same configuration (there is nothing left to run); otherwise ``ValueError``: a stochastic
     run is written once, complete, and is not continued."""
@@ -61,9 +61,12 @@ def _resumed(config: Config, out) -> Trajectory:
     saved = out.load()
     quiet = {"progress": False}  # the progress meter changes no number
     same = saved.config.replace(solver=quiet) == config.replace(solver=quiet)
-    if saved.status == "complete" and same and saved.n_seeds:
+    if saved.integrated and same and saved.n_seeds:
+        if outputs and out is not None:  # the caller rewrites them: complete again once recorded
+            saved.status, saved.files = WRITING, {str(n): None for n in outputs}
+            out.save(saved)
         return saved
-    why = (f"its status is {saved.status!r}" if saved.status != "complete" else
+    why = (f"its status is {saved.status!r}" if not saved.integrated else
            "the saved run was made by another configuration" if not same else "it has no seed axis")
     raise ValueError(
         f"solver.method = {m!r}: a stochastic run is written once, complete, and cannot be resumed ({why}); "
@@ -116,12 +119,15 @@ def integrate_stochastic(
     params0: Params | None = None,
     verbose: bool = False,
     throw: bool = True,
+    outputs: list[str] | None = None,
 ) -> Trajectory:
     """Run the stochastic method of ``config`` (``solver.method = "sgd"`` or ``"sde"``) and
     return its trajectory with a seed axis (module docstring); the arguments are
     :func:`gflow.integrate`'s; `resume` returns the saved run when it is complete and was made by
     the same configuration (nothing is left to run) and is refused otherwise (a stochastic run is
-    written once, complete, and never continued).
+    written once, complete, and never continued). `outputs`: as for the flow, the files the
+    caller writes afterwards: the run is saved with status ``WRITING`` and them in its
+    manifest, ``"complete"`` once they are recorded.
 
     **Returns:** a :class:`~gflow.trajectory.Trajectory` whose ``per_seed[k][r]`` is seed r
     of ``gflow.sgd(config)`` (or ``gflow.sde(config)``) exactly, for ``k`` in w, C, a, loss.
@@ -131,18 +137,20 @@ def integrate_stochastic(
     trajectory, saved to `out`) when a seed's θ becomes non-finite, unless ``throw=False``.
     """
     check_stochastic(config)
+    kw = {"overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose, "throw": throw,
+          "outputs": outputs}
     if resume:
         if out is None:
             return _resumed(config, None)
         with out.lock():
-            return _resumed(config, out)
+            return _resumed(config, out, outputs)
     if out is None:
-        return _run(config, out=None, overwrite=overwrite, loss=loss, params0=params0, verbose=verbose, throw=throw)
+        return _run(config, out=None, **kw)
     with out.lock():
-        return _run(config, out=out, overwrite=overwrite, loss=loss, params0=params0, verbose=verbose, throw=throw)
+        return _run(config, out=out, **kw)
 
 
-def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw) -> Trajectory:
+def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs) -> Trajectory:
     t_wall = time.perf_counter()
     if out is not None and out.holds_run() and not overwrite:
         raise ValueError(
@@ -175,6 +183,8 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw) -> Traje
         traj.status = f"failed: {method} {msg}"
         traj.stages[0].ended_by, traj.stages[0].complete = "failed", False
         error = FlowError(f"{method}: {msg}", stage="joint", t=t_bad, trajectory=traj, out=out)
+    if error is None and outputs and out is not None:  # complete once the caller has written (and recorded) them
+        traj.status, traj.files = WRITING, {str(n): None for n in outputs}
     traj.wall = time.perf_counter() - t_wall
     traj.stages[0].wall = traj.wall
     if out is not None:

@@ -11,3 +11,4 @@ from ._phase import phase_row as phase_row
 from ._phase import plot_phase as plot_phase
 from ._plot import draw_run as draw_run
 from ._seeds import plot_seeds as plot_seeds
+from ._sharpness import plot_sharpness as plot_sharpness

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._util import show_value
+from .._util import atomic_savefig, show_value
 from ..core import subset_label
 
 _STYLE = {
@@ -60,5 +60,5 @@ def plot_eval(res, path: str | Path) -> Path:
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     return path

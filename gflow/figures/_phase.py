@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._util import atomic_savefig
+
 _GREY = (0.85, 0.85, 0.85, 1.0)  # a point without a winner, or an uncertain one
 
 
@@ -113,7 +115,7 @@ def _phase_map(grid: _Grid, path: Path) -> Path:
     fig.suptitle("Stage I winner; × Ĩ and J disagree" + ("; ○ the flow differs from argmax J" if flow else ""),
                  fontsize=10)  # fmt: skip
     fig.tight_layout(rect=(0, 0.12, 1, 0.95))
-    fig.savefig(path, dpi=130)
+    atomic_savefig(fig, path, dpi=130)
     return path
 
 
@@ -139,7 +141,7 @@ def _phase_heat(grid: _Grid, path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         grid.ticks(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    atomic_savefig(fig, path, dpi=130)
     return path
 
 

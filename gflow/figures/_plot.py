@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._util import atomic_savefig
 from ..theory import Theory
 from ..trajectory import Trajectory, load
 from ._base import (
@@ -63,6 +64,7 @@ from ._base import (
 )
 from ._panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
 from ._seeds import plot_seeds
+from ._sharpness import plot_sharpness
 
 __all__ = [
     "fit_a_log_tau",
@@ -214,7 +216,7 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     if s3 is not None and s3.limit_loss is not None:
         lines.append(f"  inf_a L_GIH = {s3.limit_loss:.4f} ± {s3.limit_loss_se or 0:.2g}")
     lines.append("")
-    lines.append(f"status: {traj.status}; wall {traj.wall:.0f} s")
+    lines.append(f"status: {'complete' if traj.integrated else traj.status}; wall {traj.wall:.0f} s")
     lines.append(f"N = {cfg.estimator.N}, seed {cfg.estimator.seed}, solver {cfg.solver.method}")
     if traj.n_seeds:
         lines.append(f"{traj.n_seeds} seeds: these panels show their mean")
@@ -278,7 +280,7 @@ _FIGURES = {
 
 def draw_run(
     run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None,
-    traj: Trajectory | None = None,
+    traj: Trajectory | None = None, spectrum=None,
 ) -> list[Path]:
     """Draw every figure of the run saved in `run_dir` into `figdir` (default
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
@@ -290,7 +292,8 @@ def draw_run(
     figures are drawn without the theory's lines). `traj`: the run's
     trajectory if already loaded. :func:`gflow.plot_run` draws them with the
     run's cached theory. Raises ``FileNotFoundError`` if `run_dir` holds no run.
-    Returns the paths written, in the order above.
+    With `spectrum` (the run's :class:`gflow.dynamics.Spectrum`), also ``sharpness``
+    (:func:`plot_sharpness`, last). Returns the paths written, in the order above.
     """
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
@@ -302,6 +305,10 @@ def draw_run(
     seeds = {"seeds": plot_seeds} if traj.n_seeds else {}
     for name, make in {**_FIGURES, **seeds}.items():
         p = figdir / f"{name}.{fmt}"
-        make(traj, theory).savefig(p, dpi=DPI)
+        atomic_savefig(make(traj, theory), p, dpi=DPI)  # a kill while drawing leaves no truncated figure
+        paths.append(p)
+    if spectrum is not None:
+        p = figdir / f"sharpness.{fmt}"
+        plot_sharpness(traj, spectrum).savefig(p, dpi=DPI)
         paths.append(p)
     return paths

@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from .._util import atomic_write_json, atomic_write_text, jsonable, remove_temporaries
@@ -31,7 +33,8 @@ from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
 from ..dynamics import integrate_stochastic
 from ..figures import FORMATS, draw_run
 from ..theory import Theory, config_key, theory_report
-from ..trajectory import Trajectory, folder_error, load, save, selected_set
+from ..trajectory import FIGURE_NAMES, Trajectory, folder_error, load, save, selected_set
+from ._spectrum import run_spectrum, saved_spectrum
 
 _HELD: dict[str, list] = {}  # resolved folder -> [open lock file, depth]: re-entrant within a process
 
@@ -95,7 +98,9 @@ def lock(out: str | Path):
     f.truncate()
     f.write(str(os.getpid()))
     f.flush()
-    remove_temporaries(out, "trajectory.npz", "run.json")  # left by a writer killed mid-save (none is alive now)
+    # left by a writer killed mid-save (none is alive now)
+    remove_temporaries(out, "trajectory.npz", "run.json", "theory.json", "report.json", "report.md",
+                       *(f"figures/{n}.{x}" for n in (*FIGURE_NAMES, "seeds") for x in FORMATS))  # fmt: skip
     _HELD[key] = [f, 1]
     try:
         yield out
@@ -108,7 +113,7 @@ def lock(out: str | Path):
 
 
 # The files of a run that ``overwrite`` replaces (other files in the folder are left alone).
-_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json")
+_STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json", "spectrum.npz")
 
 
 class RunFolder:
@@ -167,6 +172,7 @@ def integrate(
     params0: Params | None = None,
     verbose: bool = False,
     throw: bool = True,
+    outputs: list[str] | None = None,
 ) -> Trajectory:
     """Run the training ``config.solver.method`` names and return its trajectory: a flow
     (adaptive solvers, GD, or any other flow method of the configuration) through the
@@ -196,6 +202,10 @@ def integrate(
     - `throw`: raise :class:`~gflow.FlowError` when the integration fails (default,
       as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
       is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
+    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
+      the report and the figures): the run ends with the status ``gflow.trajectory.WRITING`` and
+      these names in its ``files`` manifest, and becomes ``"complete"`` when they are recorded whole
+      (``gflow.trajectory.record_outputs``).
 
     With `out`, the folder's lock (:func:`lock`) is held for the whole
     integration, and a ``KeyboardInterrupt`` (SIGINT) marks the saved run
@@ -210,7 +220,7 @@ def integrate(
     """
     run = integrate_stochastic if config.solver.is_stochastic else integrate_flow
     return run(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss, params0=params0,
-               verbose=verbose, throw=throw)  # fmt: skip
+               verbose=verbose, throw=throw, outputs=outputs)  # fmt: skip
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
@@ -289,6 +299,10 @@ def load_or_compute(
     configuration, or `loss`). The selected set's law is added when missing.
     With `write` the file is (re)written atomically when anything changed.
 
+    The file carries the SHA-256 of its content (:func:`theory_digest`; its key is part of it): a
+    file whose checksum does not match (edited, damaged, or from before checksums) is recomputed,
+    never trusted, with a one-line note on stderr.
+
     **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
     """
     run_dir = Path(run_dir)
@@ -302,10 +316,16 @@ def load_or_compute(
     theory, how = None, "computed"
     if reuse and path.is_file():
         try:
-            th = Theory.from_json(json.loads(path.read_text()))
-            if jsonable(th.config) == key:
-                theory, how = th, "reused"
-        except (json.JSONDecodeError, OSError, ValueError):
+            d = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(d, dict) or d.pop("sha256", None) != theory_digest(d):
+                # edited, damaged or written before checksums: never trusted
+                print(f"gflow: note: {str(path)!r} does not match its checksum: the theory is recomputed",
+                      file=sys.stderr)  # fmt: skip
+            else:
+                th = Theory.from_json(d)
+                if jsonable(th.config) == key:
+                    theory, how = th, "reused"
+        except Exception:  # any unreadable or malformed file: recomputed, never trusted  # noqa: BLE001
             theory = None
     needs_loss = theory is None or selected_set(traj) not in (None, *theory.laws)
     if needs_loss and loss is None:
@@ -319,8 +339,24 @@ def load_or_compute(
         theory = theory.with_law(loss, sel)
         how = "reused, law added" if how == "reused" else how
     if write and how != "reused":
-        atomic_write_json(path, theory.to_json())
+        save_theory(path, theory)
     return theory, how
+
+
+def theory_digest(d: dict) -> str:
+    """The checksum ``theory.json`` carries: SHA-256 of its content (every key but ``"sha256"``,
+    the run's key in ``"config"`` included), serialized canonically (sorted keys)."""
+    body = {k: v for k, v in d.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(jsonable(body), sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def save_theory(path, theory: Theory | dict) -> None:
+    """Write ``theory.json`` (a :class:`gflow.Theory` or its JSON dict) atomically, with its checksum
+    (:func:`theory_digest`), as :func:`load_or_compute` reads it."""
+    d = jsonable(theory.to_json() if isinstance(theory, Theory) else dict(theory))
+    d.pop("sha256", None)
+    d["sha256"] = theory_digest(d)
+    atomic_write_json(path, d)
 
 
 def check_run(
@@ -362,14 +398,23 @@ def check_run(
     return report
 
 
-def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None) -> list[Path]:
+def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str = "png", theory=None,
+             spectrum: bool | None = None) -> list[Path]:  # fmt: skip
     """Draw every figure of the run saved in `run_dir` into `figdir` (default ``run_dir/figures``),
     with the run's theory from :func:`load_or_compute` unless `theory` (a :class:`~gflow.Theory`)
-    is given. **Returns:** the paths written."""
+    is given. The sharpness figure (``sharpness.png``: λ_max(ΛH) along the run, README §M9) is
+    drawn from the run's Hessian spectrum: with ``spectrum=True`` computed if needed
+    (:func:`run_spectrum`, kept in ``spectrum.npz``), with ``None`` (default) only when
+    ``spectrum.npz`` already belongs to the run, with ``False`` never. **Returns:** the paths written."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {FORMATS}, got {fmt!r}")
     run_dir = Path(run_dir)
     traj = load(run_dir)
     if theory is None:
         theory = load_or_compute(run_dir, traj)[0]
-    return draw_run(run_dir, figdir, fmt=fmt, theory=theory, traj=traj)
+    spec = None
+    if spectrum:
+        spec = run_spectrum(run_dir, traj)
+    elif spectrum is None:
+        spec = saved_spectrum(run_dir, traj)
+    return draw_run(run_dir, figdir, fmt=fmt, theory=theory, traj=traj, spectrum=spec)

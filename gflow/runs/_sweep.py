@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import log_slope, rows_of_stage, show_value, write_csv
+from .._util import atomic_write_text, log_slope, rows_of_stage, show_value, write_csv
 from ..config import Config
 from ..core import subset_label
 from ..dynamics import FlowError
@@ -344,7 +344,7 @@ def run_sweep(
                 "resume them (resume=True, `gflow sweep --resume`) or choose another --out"
             )
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps({
+    atomic_write_text(out / "sweep.json", json.dumps({
         "fields": fields,
         "base_config": config.to_dict(),
         "points": [{"dir": d.name, **{f: p[f] for f in fields}} for d, (p, _) in zip(dirs, points)],

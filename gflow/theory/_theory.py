@@ -150,6 +150,12 @@ def theory_report(
         loss = make_loss(data_cfg, model_cfg, estimator_cfg)
     params = init_params(model_cfg, init_cfg)
     rates = stage1_rates(loss, params.w)
+    if not np.all(np.isfinite(rates.J)):
+        why = ("estimator.eps = 0 with a target token absent from some context (ŷ = 0, an infinite loss): set "
+               "estimator.eps > 0" if float(estimator_cfg.eps) == 0 and estimator_cfg.loss == "log" else
+               f"check init.w_plus = {init_cfg.w_plus!r}, init.w_minus = {init_cfg.w_minus!r} and estimator.eps = "
+               f"{estimator_cfg.eps!r}")  # fmt: skip
+        raise ValueError(f"the Stage I rates J(S) = −∂L̂/∂a are not finite: {why}")
     C0 = np.asarray(params.C, np.float64)
     a0 = float(init_cfg.a0)
     duration = predicted_stage1_duration(rates.J, C0**2, a0, delta, eta_C=eta_C, sets=sets)

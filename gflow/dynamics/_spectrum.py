@@ -1,0 +1,353 @@
+"""The Hessian spectrum along a trajectory and GD's stability edge (README §M9).
+
+GD ``θ_{k+1} = θ_k − η Λ g`` (``g = ∇L̂``) is linearly stable near θ iff
+``η < η_c(θ) = 2/λ_max(Λ^{1/2} H Λ^{1/2})``, ``H = ∇²L̂`` the Hessian of the run's
+Monte Carlo loss on its fixed sample. ``Λ^{1/2} H Λ^{1/2}`` is symmetric and has
+the eigenvalues of ``ΛH``; dim θ = H·M + |𝒮| + 1 (17 at the default), so it is
+computed densely.
+
+**What Λ is.** The diagonal of the step matrix at a saved state
+(:func:`step_scales`):
+
+- joint schedule: ``diag(η_w, η_C, η_a)`` (``schedule.eta_*``; the published run
+  has Λ = I). A block with ``η_b = 0`` is frozen;
+- staged schedule: the stage's mask times its block's speed. A state saved in
+  Stage I has ``Λ = η_C`` on C and 0 on w and a; Stage II ``η_w`` on w; Stage III
+  ``η_a`` on a (the first saved state, t = 0, belongs to Stage I). This is the
+  ``Λ`` of the staged GD and of the staged modified flow.
+
+A frozen block adds exact zeros to the spectrum (``ΛH`` has them); only the
+moving coordinates' block ``Λ_m^{1/2} H_mm Λ_m^{1/2}`` is computed: the Hessian
+columns of the moving coordinates, each a Hessian-vector product (forward mode over
+the gradient: ``jax.hessian``'s ``jacfwd(jacrev)`` restricted to those columns), all
+at once under ``vmap``.
+
+The spectrum is of L̂ in θ's own coordinates (C, not the joint flow's log|C|): the
+coordinates GD steps in.
+
+**Scale invariance.** L̂ depends on C only through C/‖C‖, so ``C·g_C = 0`` and the
+C-block of H scales like 1/‖C‖²: a small ‖C‖ (the paper's c₀ = 0.01) puts λ_max of
+the joint Λ = I high, and GD with a fixed η past its edge until ‖C‖ has grown
+(GD's ‖C_{k+1}‖² = ‖C_k‖² + η²λ_C²‖g_C‖²).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._util import STAGE_CODES
+from ..config import Config
+from ..core import Params, PopulationLoss, make_loss, subset_label, subsets
+
+_BLOCKS = ("w", "C", "a")
+_STAGE_OF_CODE = {v: k for k, v in STAGE_CODES.items()}
+_MOVES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": _BLOCKS}
+
+
+# ---------------------------------------------------------------------------
+# Coordinates
+# ---------------------------------------------------------------------------
+
+
+def coordinate_blocks(H: int, M: int, nS: int) -> np.ndarray:
+    """The block (``"w"``, ``"C"`` or ``"a"``) of every coordinate of the flat θ
+    (``w`` row-major, then ``C``, then ``a``)."""
+    return np.array(["w"] * (H * M) + ["C"] * nS + ["a"])
+
+
+def coordinate_labels(cfg: Config) -> list[str]:
+    """A label for every coordinate of the flat θ: ``w[h,i]`` (head h, RPE index i,
+    both from 1), ``C{1,2}`` / ``C∅``, ``a``."""
+    m = cfg.model
+    w = [f"w[{h},{i}]" for h in range(1, m.H + 1) for i in range(1, m.M + 1)]
+    return w + ["C" + subset_label(S) for S in subsets(m.H, m.D)] + ["a"]
+
+
+def flatten(p: Params) -> jax.Array:
+    """θ as one vector: ``w`` row-major, ``C``, ``a``."""
+    return jnp.concatenate([jnp.ravel(p.w), jnp.ravel(p.C), jnp.reshape(p.a, (1,))])
+
+
+def unflatten(x: jax.Array, H: int, M: int) -> Params:
+    """The inverse of :func:`flatten`."""
+    k = H * M
+    return Params(w=x[:k].reshape(H, M), C=x[k:-1], a=x[-1])
+
+
+def step_scales(cfg: Config, stage: str) -> np.ndarray:
+    """The diagonal of Λ (flat θ's order) for a state saved in `stage` (``"I"``,
+    ``"II"``, ``"III"`` or ``"joint"``); see the module docstring."""
+    m, sc = cfg.model, cfg.schedule
+    eta = {"w": sc.eta_w, "C": sc.eta_C, "a": sc.eta_a}
+    if stage not in _MOVES:
+        raise ValueError(f"stage must be one of {tuple(_MOVES)}, got {stage!r}")
+    moves = _MOVES[stage]
+    blocks = coordinate_blocks(m.H, m.M, len(m.subsets))
+    return np.array([eta[b] if b in moves else 0.0 for b in blocks], np.float64)
+
+
+# ---------------------------------------------------------------------------
+# The Hessian
+# ---------------------------------------------------------------------------
+
+
+def _sym_block(loss_fn, theta, root_scale_m, cols, H, M):
+    """``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ (the moving coordinates `cols`)."""
+    f = lambda x: loss_fn(unflatten(x, H, M))  # noqa: E731
+    grad = jax.grad(f)
+    P = theta.shape[0]
+    E = jnp.zeros((len(cols), P), theta.dtype).at[jnp.arange(len(cols)), jnp.asarray(cols)].set(root_scale_m)
+    HE = jax.vmap(lambda v: jax.jvp(grad, (theta,), (v,))[1])(E)  # row j: H Λ^{1/2} e_{cols[j]}
+    S = HE[:, jnp.asarray(cols)] * root_scale_m[None, :]
+    return 0.5 * (S + S.T)
+
+
+@eqx.filter_jit
+def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int):
+    return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M))(thetas)
+
+
+def _map_blocks(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int) -> np.ndarray:
+    """:func:`_sym_block` of every flat θ in `thetas`, `batch` at a time: one compiled
+    shape ``(batch, P)`` whatever the number of states (the last chunk is padded)."""
+    n = thetas.shape[0]
+    out = []
+    for i in range(0, n, batch):
+        chunk = thetas[i : i + batch]
+        m = chunk.shape[0]
+        if m < batch:
+            chunk = jnp.concatenate([chunk, jnp.repeat(chunk[-1:], batch - m, axis=0)])
+        out.append(np.asarray(jax.device_get(_blocks_jit(loss_fn, chunk, root_scale_m, cols, H, M)))[:m])
+    return np.concatenate(out)
+
+
+def loss_hessian(loss: Callable[[Params], jax.Array], params: Params, scales=None) -> np.ndarray:
+    """The dense ``Λ^{1/2} H Λ^{1/2}`` (``H = ∇²loss`` at `params`, flat θ's order;
+    `scales` the diagonal of Λ, default the identity: then H itself). `loss` is any
+    function of :class:`~gflow.Params` (e.g. a :class:`~gflow.PopulationLoss`).
+    Frozen coordinates (scale 0) have zero rows and columns."""
+    theta = flatten(params)
+    P = theta.shape[0]
+    s = np.ones(P) if scales is None else np.asarray(scales, np.float64)
+    _check_scales(s, P)
+    cols = tuple(int(i) for i in np.flatnonzero(s > 0))
+    out = np.zeros((P, P))
+    if cols:
+        H, M = params.w.shape
+        rs = jnp.asarray(np.sqrt(s[list(cols)]), theta.dtype)
+        blk = np.asarray(_map_blocks(loss, theta[None], rs, cols, H, M, 1)[0], np.float64)
+        out[np.ix_(cols, cols)] = blk
+    return out
+
+
+def _check_scales(s: np.ndarray, P: int) -> None:
+    if s.shape != (P,) or not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError(f"scales must be {P} finite numbers >= 0 (the diagonal of Λ), got {s!r}")
+
+
+# ---------------------------------------------------------------------------
+# The spectrum along a trajectory
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Spectrum:
+    """Eigenvalues of ``ΛH`` (as ``Λ^{1/2} H Λ^{1/2}``) at saved states of a run.
+
+    - `ts` ``(T,)``: the saved times; `index` ``(T,)``: their rows in the trajectory;
+      `stage` ``(T,)``: the stage of each (``"I"``, ``"II"``, ``"III"``, ``"joint"``).
+    - `eigvals` ``(*R, T, P)``: all P = dim θ eigenvalues, descending (a frozen
+      block's coordinates contribute exact zeros); ``*R``: the trajectory's leading
+      axes (a seed axis for SGD's runs, none for a flow).
+    - `scales` ``(T, P)``: the diagonal of Λ at each saved state.
+    - `vectors` ``(*R, T, k, P)`` or ``None``: the unit eigenvectors ``u`` of the top k
+      eigenvalues (of the symmetric ``Λ^{1/2}HΛ^{1/2}``; ``ΛH``'s own right
+      eigenvectors are ``Λ^{1/2}u``), in flat θ's order (:func:`coordinate_labels`).
+    - `labels` ``(P,)``: the coordinates' labels; `blocks` ``(P,)``: their blocks.
+    - `eta`: the run's GD step where it has one (``solver.method`` "gd", "modified"
+      or "sgd"), else ``None``.
+    """
+
+    ts: np.ndarray
+    index: np.ndarray
+    stage: np.ndarray
+    eigvals: np.ndarray
+    scales: np.ndarray
+    labels: list[str]
+    blocks: np.ndarray
+    vectors: np.ndarray | None = None
+    eta: float | None = None
+
+    @property
+    def lam_max(self) -> np.ndarray:
+        """``λ_max(ΛH)`` ``(*R, T)``."""
+        return self.eigvals[..., 0]
+
+    @property
+    def lam_min(self) -> np.ndarray:
+        """The smallest eigenvalue ``(*R, T)`` (a frozen block's zeros included)."""
+        return self.eigvals[..., -1]
+
+    @property
+    def eta_c(self) -> np.ndarray:
+        """GD's stability edge ``2/λ_max`` ``(*R, T)`` (``inf`` where ``λ_max <= 0``)."""
+        lm = self.lam_max
+        with np.errstate(divide="ignore"):
+            return np.where(lm > 0, 2.0 / np.where(lm > 0, lm, 1.0), np.inf)
+
+    @property
+    def block_weights(self) -> np.ndarray | None:
+        """``(*R, T, k, 3)``: the share of each top eigenvector's squared norm in w, C and a."""
+        if self.vectors is None:
+            return None
+        return np.stack([np.sum(self.vectors[..., self.blocks == b] ** 2, axis=-1) for b in _BLOCKS], axis=-1)
+
+    @property
+    def top_block(self) -> np.ndarray | None:
+        """``(*R, T, k)``: the block (``"w"``, ``"C"``, ``"a"``) holding most of each top eigenvector."""
+        bw = self.block_weights
+        return None if bw is None else np.array(_BLOCKS)[np.argmax(bw, axis=-1)]
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Plain arrays (for ``np.savez``); :meth:`from_arrays` reads them back."""
+        d = {"ts": self.ts, "index": self.index, "stage": self.stage.astype(str), "eigvals": self.eigvals,
+             "scales": self.scales, "labels": np.array(self.labels), "blocks": self.blocks.astype(str),
+             "eta": np.array(np.nan if self.eta is None else self.eta)}  # fmt: skip
+        if self.vectors is not None:
+            d["vectors"] = self.vectors
+        return d
+
+    @classmethod
+    def from_arrays(cls, d) -> Spectrum:
+        eta = float(np.asarray(d["eta"]))
+        return cls(ts=np.asarray(d["ts"]), index=np.asarray(d["index"]), stage=np.asarray(d["stage"]).astype(str),
+                   eigvals=np.asarray(d["eigvals"]), scales=np.asarray(d["scales"]),
+                   labels=[str(x) for x in np.asarray(d["labels"])], blocks=np.asarray(d["blocks"]).astype(str),
+                   vectors=np.asarray(d["vectors"]) if "vectors" in d else None,
+                   eta=None if np.isnan(eta) else eta)  # fmt: skip
+
+
+def select_rows(T: int, max_times: int | None) -> np.ndarray:
+    """At most `max_times` of ``T`` saved rows, evenly spaced in index (the saved times
+    are on a logarithmic grid per stage, so this is even in log t), first and last kept."""
+    if max_times is None or T <= max_times:
+        return np.arange(T)
+    if not isinstance(max_times, (int, np.integer)) or isinstance(max_times, bool) or max_times < 2:
+        raise ValueError(f"max_times must be an integer >= 2, got {max_times!r}")
+    return np.unique(np.round(np.linspace(0, T - 1, max_times)).astype(int))
+
+
+def _run_eta(cfg: Config) -> float | None:
+    m = cfg.solver.method_for("I")
+    return float(cfg.solver.eta) if m in ("gd", "modified", "sgd") else None
+
+
+def hessian_spectrum(
+    cfg: Config | None,
+    traj,
+    *,
+    loss: PopulationLoss | Callable | None = None,
+    indices=None,
+    max_times: int | None = None,
+    vectors: int = 0,
+    batch: int = 1,
+) -> Spectrum:
+    """The eigenvalues of ``ΛH`` (as ``Λ^{1/2} H Λ^{1/2}``, ``H = ∇²L̂``) at the saved
+    states of a trajectory, and GD's stability edge ``η_c = 2/λ_max``.
+
+    **Arguments:**
+
+    - `cfg`: the run's configuration (``None``: ``traj.config``): its sample (L̂ is
+      ``make_loss(cfg.data, cfg.model, cfg.estimator)``, the run's own fixed sample)
+      and its Λ (module docstring: the stage's mask in a staged run,
+      ``diag(η_w, η_C, η_a)`` in a joint one).
+    - `traj`: anything with saved states ``w`` ``(*R, T, H, M)``, ``C``, ``a`` and
+      times ``ts`` ``(T,)``: a flow's, GD's or the modified flow's
+      :class:`~gflow.Trajectory`, or online SGD's :class:`~gflow.SGDRun` (its seed
+      axis ``R``). The stage of each row is read from ``traj.stage`` where it has one
+      (else the joint Λ).
+    - `loss`: the sample's L̂ if already built (must be the run's), or any function of
+      :class:`~gflow.Params` whose Hessian is wanted (a test's quadratic).
+    - `indices`: the rows to use (default all; see `max_times`).
+    - `max_times`: at most this many rows, evenly spaced in index (first and last kept).
+    - `vectors`: also keep the top `vectors` eigenvectors (0: none).
+    - `batch`: states whose Hessians are computed at once (vmapped; memory grows with it).
+
+    **Cost:** per state, one Hessian-vector product per moving coordinate (vmapped)
+    and a ``P × P`` ``eigh``: about 17 HVPs at the joint default (README §M9 measures
+    it in gradients).
+
+    **Raises:** ``ValueError`` for rows outside the trajectory, a bad `vectors`,
+    `max_times` or `batch`, or states whose shapes are not the model's.
+    """
+    cfg = traj.config if cfg is None else cfg
+    m = cfg.model
+    H, M, nS = m.H, m.M, len(m.subsets)
+    P = H * M + nS + 1
+    w, C, a = (np.asarray(getattr(traj, b)) for b in _BLOCKS)
+    lead = a.shape  # (*R, T)
+    if w.shape != lead + (H, M) or C.shape != lead + (nS,) or len(lead) < 1:
+        raise ValueError(f"traj's states do not fit the model (H = {H}, M = {M}, |𝒮| = {nS}): "
+                         f"w {w.shape}, C {C.shape}, a {a.shape}")  # fmt: skip
+    T = lead[-1]
+    if not isinstance(vectors, (int, np.integer)) or isinstance(vectors, bool) or not 0 <= vectors <= P:
+        raise ValueError(f"vectors must be an integer in [0, {P}] (dim θ), got {vectors!r}")
+    if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    if indices is None:
+        rows = select_rows(T, max_times)
+    else:
+        rows = np.asarray(indices, int).ravel()
+        if rows.size == 0 or np.any((rows < -T) | (rows >= T)):
+            raise ValueError(f"indices must be rows of the trajectory (0..{T - 1}), got {indices!r}")
+        rows = np.where(rows < 0, rows + T, rows)
+        rows = rows[select_rows(len(rows), max_times)]
+    codes = np.asarray(getattr(traj, "stage", np.zeros(T, int)))
+    joint = cfg.schedule.kind == "joint" or codes.shape != (T,)
+    stage = np.array(["joint" if joint else _STAGE_OF_CODE.get(int(codes[i]), "joint") for i in rows])
+    scales = np.stack([step_scales(cfg, s) for s in stage]) if len(rows) else np.zeros((0, P))
+
+    if loss is None:
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    dtype = cfg.estimator.jdtype
+    flat = np.concatenate([w.reshape(lead + (H * M,)), C, a[..., None]], axis=-1)  # (*R, T, P)
+    flat = np.moveaxis(flat, len(lead) - 1, 0)[rows]  # (T', *R, P)
+    nR = int(np.prod(lead[:-1], dtype=int))
+    eig = np.zeros((len(rows), nR, P))
+    vec = np.zeros((len(rows), nR, vectors, P)) if vectors else None
+    flat = flat.reshape(len(rows), nR, P)
+    # one compiled program per distinct Λ (the stages of a staged run)
+    for key in {tuple(s) for s in scales}:
+        s = np.asarray(key)
+        sel = np.flatnonzero(np.all(scales == s, axis=1))
+        cols = tuple(int(i) for i in np.flatnonzero(s > 0))
+        if not cols:
+            continue
+        rs = jnp.asarray(np.sqrt(s[list(cols)]), dtype)
+        th = jnp.asarray(flat[sel].reshape(-1, P), dtype)
+        blocks = np.asarray(_map_blocks(loss, th, rs, cols, H, M, batch), np.float64)
+        lam, U = np.linalg.eigh(blocks)  # ascending
+        full = np.zeros((len(th), P))
+        full[:, : len(cols)] = lam[:, ::-1]
+        full = -np.sort(-full, axis=1)  # the frozen coordinates' zeros among the moving eigenvalues
+        eig[sel] = full.reshape(len(sel), nR, P)
+        if vectors:
+            k = min(vectors, len(cols))
+            V = np.zeros((len(th), vectors, P))
+            V[:, :k, list(cols)] = np.swapaxes(U[:, :, ::-1][:, :, :k], 1, 2)
+            vec[sel] = V.reshape(len(sel), nR, vectors, P)
+    # back to (*R, T', ...)
+    eig = np.moveaxis(eig.reshape((len(rows),) + lead[:-1] + (P,)), 0, len(lead) - 1)
+    if vec is not None:
+        vec = np.moveaxis(vec.reshape((len(rows),) + lead[:-1] + (vectors, P)), 0, len(lead) - 1)
+    ts = np.asarray(traj.ts)
+    ts = ts[..., rows] if ts.shape[-1:] == (T,) else ts
+    return Spectrum(ts=ts, index=rows, stage=stage, eigvals=eig, scales=scales, labels=coordinate_labels(cfg),
+                    blocks=coordinate_blocks(H, M, nS), vectors=vec, eta=_run_eta(cfg))  # fmt: skip
+
