@@ -28,4 +28,6 @@ from ._roots import bisect_root as bisect_root
 from ._roots import bracketed_root as bracketed_root
 from ._roots import golden_max as golden_max
 from ._stats import mean_se as mean_se
+from ._text import format_cell as format_cell
 from ._text import show_value as show_value
+from ._text import table_cell as table_cell

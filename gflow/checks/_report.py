@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import jsonable
+from .._util import jsonable, table_cell
 
 __all__ = ["CLAIMS", "Report", "Row", "decided_row"]
 
@@ -78,27 +78,11 @@ def decided_row(name, predicted, measured, tolerance, *, claim, rule, wrong, why
         raise ValueError(f"claim must be one of {CLAIMS}, got {claim!r}")
     probe = Row(name, predicted, measured, tolerance, None, claim, rule, wrong)
     if why_not is None and wrong is not None and probe.decide(wrong):
-        why_not = f"vacuous: a plausible wrong answer ({_cell(wrong)}) would pass tolerance {_cell(tolerance)}"
+        why_not = f"vacuous: a plausible wrong answer ({table_cell(wrong)}) would pass tolerance {table_cell(tolerance)}"
     if why_not is not None:
         return Row(name, predicted, measured, f"info: {why_not}", None, claim, rule, wrong)
     return Row(name, predicted, measured, tolerance, probe.decide(measured), claim, rule, wrong)
 
-
-def _cell(x) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, (bool, np.bool_)):
-        return str(bool(x))
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    if isinstance(x, (float, np.floating)):
-        return format(float(x), ".4g")
-    if isinstance(x, (list, tuple, np.ndarray)):
-        return "[" + ", ".join(_cell(v) for v in x) + "]"
-    return str(x)
-
-
-cell = _cell  # a value as the report's tables show it
 
 
 def _result(p) -> str:
@@ -191,8 +175,8 @@ class Report:
             out.append(
                 f"theory: S* = argmax Ĩ = {t.get('S_star')} (close call: {'yes' if t.get('close_call') else 'no'}); "
                 f"argmax J = {t.get('argmax_J')}; selected = {t.get('selected')}; GIH of {t.get('selected')}: "
-                f"C* = {_cell(t.get('C_star'))}, window = {_cell(t.get('window'))}, a* = {_cell(t.get('a_star'))}, "
-                f"inf L_GIH = {_cell(t.get('limit_loss'))}"
+                f"C* = {table_cell(t.get('C_star'))}, window = {table_cell(t.get('window'))}, a* = {table_cell(t.get('a_star'))}, "
+                f"inf L_GIH = {table_cell(t.get('limit_loss'))}"
             )
         v = self.verdict
         for claim, key in (("finite", "gflow"), ("paper", "paper")):
@@ -216,7 +200,7 @@ class Report:
         out += [f"- {esc(line)}" for line in self._header()]
         out += ["", "| check | claim | predicted | measured | tolerance | result |", "|---|---|---|---|---|---|"]
         for r in self.rows:
-            cells = [r.name, r.claim, _cell(r.predicted), _cell(r.measured), _cell(r.tolerance), _result(r.passed)]
+            cells = [r.name, r.claim, table_cell(r.predicted), table_cell(r.measured), table_cell(r.tolerance), _result(r.passed)]
             out.append("| " + " | ".join(esc(c) for c in cells) + " |")
         if self.skipped:
             out += ["", "Not applicable:", ""] + [f"- {esc(s)}" for s in self.skipped]
@@ -234,7 +218,7 @@ class Report:
         """A plain-text table for the terminal."""
         head = ("check", "claim", "predicted", "measured", "tolerance", "result")
         body = [
-            (r.name, r.claim, _cell(r.predicted), _cell(r.measured), _cell(r.tolerance), _result(r.passed))
+            (r.name, r.claim, table_cell(r.predicted), table_cell(r.measured), table_cell(r.tolerance), _result(r.passed))
             for r in self.rows
         ]
         width = [max(len(x[k]) for x in [head, *body]) for k in range(6)]

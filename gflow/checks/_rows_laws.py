@@ -16,6 +16,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from .._util import linear_fit
 from ..core import Params
 from ..theory import (
     LAW_COVERAGE,
@@ -80,7 +81,7 @@ def _rows_stage1_model(ctx: Ctx) -> None:
     lf = np.log(np.asarray(tr.c_frac[pts], np.float64))
     t = np.asarray(tr.ts[pts], np.float64)
     others = [j for j in range(ctx.nS) if j != iA]
-    meas = np.array([np.polyfit(t, lf[:, iA] - lf[:, j], 1)[0] for j in others])
+    meas = np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] for j in others])
     preds = np.array([ex.diff[iA, j] for j in others])
     r_pts = -2.0 * eta * np.asarray(tr.grad_C[pts], np.float64) / np.asarray(tr.C[pts], np.float64)
     var = np.array([np.max(np.abs((r_pts[:, iA] - r_pts[:, j]) - ex.diff[iA, j])) for j in others])
@@ -183,9 +184,9 @@ def _fit_power(tau, L):
     tau, L = np.asarray(tau, np.float64), np.asarray(L, np.float64)
 
     def resid(p):
-        X = np.stack([np.ones_like(tau), tau ** (-p)], 1)
-        coef = np.linalg.lstsq(X, L, rcond=None)[0]
-        return float(np.sum((X @ coef - L) ** 2))
+        x = tau ** (-p)
+        B, L_inf, _ = linear_fit(x, L)  # L ≈ L∞ + B·τ^(−p) is a line in τ^(−p)
+        return float(np.sum((L_inf + B * x - L) ** 2))
 
     grid = np.linspace(0.2, 3.0, 281)
     r = [resid(p) for p in grid]

@@ -33,8 +33,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._util import table_cell
 from ..trajectory import Trajectory
-from ._report import Report, Row, cell, decided_row
+from ._report import Report, Row, decided_row
 
 __all__ = ["check_seeds"]
 
@@ -72,7 +73,7 @@ def combine_row(row: Row, seed_rows: list[Row | None], k_se: float) -> Row:
     kind = row.rule[0]
     if kind in ("true", "in"):
         ok = [bool(row.decide(sr.measured)) for sr in seed_rows]
-        tol = f"{cell(row.tolerance)}; on the seed mean and on each of the {R} seeds ({sum(ok)} pass)"
+        tol = f"{table_cell(row.tolerance)}; on the seed mean and on each of the {R} seeds ({sum(ok)} pass)"
         return Row(row.name, row.predicted, row.measured, tol, bool(row.passed and all(ok)), row.claim, row.rule,
                    row.wrong)  # fmt: skip
     try:
@@ -88,11 +89,11 @@ def combine_row(row: Row, seed_rows: list[Row | None], k_se: float) -> Row:
     se = vals.std(axis=0, ddof=1) / math.sqrt(R)
     d = k_se * se
     rule = _widen(row.rule, d)
-    se_txt = cell(_plain(se)) if np.ndim(se) == 0 else f"max {float(np.max(se)):.3g}"
+    se_txt = table_cell(_plain(se)) if np.ndim(se) == 0 else f"max {float(np.max(se)):.3g}"
     if isinstance(row.tolerance, (int, float, np.integer, np.floating)) and kind == "abs" and np.ndim(d) == 0:
-        tol = f"{cell(row.tolerance)} + {k_se:g}·SE(seeds) = {cell(float(row.tolerance) + float(d))} (SE {se_txt})"
+        tol = f"{table_cell(row.tolerance)} + {k_se:g}·SE(seeds) = {table_cell(float(row.tolerance) + float(d))} (SE {se_txt})"
     else:
-        tol = f"{cell(row.tolerance)}; + {k_se:g}·SE(seeds) (SE {se_txt})"
+        tol = f"{table_cell(row.tolerance)}; + {k_se:g}·SE(seeds) (SE {se_txt})"
     return decided_row(row.name, row.predicted, _plain(mean), tol, claim=row.claim, rule=rule, wrong=row.wrong)
 
 

@@ -32,7 +32,7 @@ from collections import Counter
 
 import numpy as np
 
-from .._util import STAGE_CODES, jsonable
+from .._util import STAGE_CODES, jsonable, table_cell
 from ..trajectory import Trajectory
 
 __all__ = ["QUANTITIES", "RowSpread", "StageBands", "bands", "row_spread", "summarize"]
@@ -306,22 +306,12 @@ def summarize(values: list) -> dict:
             and len({len(v) for v in present}) == 1:  # fmt: skip
         x = np.asarray([[np.nan if u is None else u for u in v] for v in present], np.float64)
     else:
-        return {"values": dict(Counter(_label(v) for v in values))}
+        return {"values": dict(Counter(table_cell(v) for v in values))}
     if x.ndim == 1:
         return {k: float(_reduce(x, k)) for k in ("mean", "std", "min", "max")} | {"n": int(_reduce(x, "n"))}
     return {k: [float(u) for u in _reduce(x, k)] for k in ("mean", "std", "min", "max")} | {
         "n": [int(u) for u in _reduce(x, "n")]
     }
-
-
-def _label(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_label(u) for u in v) + "]"
-    if _is_num(v):
-        return format(float(v), ".4g")
-    return str(v)
 
 
 def row_spread(reports: list) -> list[RowSpread]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import atomic_write_text, jsonable, show_value, write_csv
+from .._util import atomic_write_text, format_cell, jsonable, show_value, write_csv
 from ..core import Params, PopulationLoss, features, resolve_layout, subset_label
 from ..core import sample as draw_sample
 from ..figures import plot_eval
@@ -222,19 +221,9 @@ def evaluate(
     return res
 
 
-def _cell(v):
-    if v is None:
-        return ""
-    if isinstance(v, (list, tuple, str, bool)):
-        return show_value(v)
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "nan")
-    return v
-
-
 def _write_csv(res: EvalResult, path: Path) -> Path:
     cols = list(res.rows[0].keys())
-    return write_csv(path, cols, ([_cell(r[c]) for c in cols] for r in res.rows))
+    return write_csv(path, cols, ([format_cell(r[c], full=True) for c in cols] for r in res.rows))
 
 
 def _write_json(res: EvalResult, traj: Trajectory, path: Path) -> Path:

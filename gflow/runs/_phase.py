@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import atomic_write_text, write_csv
+from .._util import atomic_write_text, format_cell, write_csv
 from ..config import Config
 from ..core import init_params, make_loss, subset_label
 from ..figures import phase_row, plot_phase
@@ -86,7 +86,7 @@ from ..theory import (
     stage3_law,
 )
 from ..trajectory import selected_set
-from ._sweep import format_cell, headline, point_dirname, run_point, show_value, sweep_points
+from ._sweep import headline, point_dirname, run_point, show_value, sweep_points
 
 __all__ = [
     "FLOW_COLUMNS",

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .._util import atomic_write_text, log_slope, rows_of_stage, show_value, write_csv
+from .._util import atomic_write_text, format_cell, log_slope, rows_of_stage, show_value, write_csv
 from ..config import Config
 from ..core import subset_label
 from ..dynamics import FlowError
@@ -292,17 +292,6 @@ class SweepResult:
         w = [max(len(c), *(len(b[k]) for b in body)) if body else len(c) for k, c in enumerate(cols)]
         line = lambda cells: "  ".join(x.ljust(n) for x, n in zip(cells, w)).rstrip()
         return "\n".join([line(cols), line(["-" * n for n in w])] + [line(b) for b in body])
-
-
-def format_cell(v, full: bool = False) -> str:
-    """A table cell (``full``: every digit, for the CSV)."""
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return "" if math.isnan(v) else (repr(v) if full else format(v, ".6g"))
-    if isinstance(v, (list, tuple)):
-        return show_value(v)
-    return str(v)
 
 
 def run_sweep(
