@@ -43,3 +43,65 @@ def small_run(tmp_path_factory, small_config, small_loss):
     flow and check tests: ``(trajectory, run folder)``."""
     out = tmp_path_factory.mktemp("small_run")
     return gflow.integrate(small_config, out=out, loss=small_loss), out
+
+
+# Long tests, run with `python3 -m pytest -m slow` (or `-m "slow or not slow"` for everything):
+# each took 3 s or more in the default suite on the 2-core machine (`--durations`), and the
+# property it checks is also covered in the default suite by a smaller test, or is an
+# end-to-end run of a path the default suite reaches more cheaply. Keeping them here, by
+# node id, leaves each test's code as it was.
+SLOW = {
+    "tests/test_cli_help.py::test_sgd_progress",
+    "tests/test_methods.py::test_every_method_writes_a_folder_load_check_and_plot_accept[sgd]",
+    "tests/test_cli_help.py::test_sde_progress",
+    "tests/test_export_cache.py::test_export_cache_reproduces_the_run_bit_for_bit",
+    "tests/test_flow.py::test_evaluation_count_gd_in_program_equals_host_count",
+    "tests/test_flow.py::test_evaluation_count_in_program_equals_host_count",
+    "tests/test_flow.py::test_gd_converges_to_flow_first_order",
+    "tests/test_flow.py::test_gd_is_the_iteration",
+    "tests/test_flow.py::test_same_seed_same_trajectory",
+    "tests/test_flow.py::test_step_control_carried_across_solves",
+    "tests/test_joint.py::test_gd_converges_to_joint_flow_first_order",
+    "tests/test_ladder.py::test_bayes_predictive_equals_posterior_mean_by_quadrature[parents0-0.1-9]",
+    "tests/test_ladder.py::test_ladder_in_theory_check_report_and_loss_figure",
+    "tests/test_laws.py::test_ce_on_probs_gih_force_is_minus_dloss_da",
+    "tests/test_laws.py::test_copier_vertex_gradient_is_a_vertex_limit",
+    "tests/test_laws.py::test_gih_both_norms_exact_onehot[S0-counts]",
+    "tests/test_laws.py::test_layer_norm_near_onehot_partial_window_is_a_cosine",
+    "tests/test_laws.py::test_stage1_rates_equal_flow_at_t0[layer]",
+    "tests/test_loss.py::test_layouts_agree[layer-log]",
+    "tests/test_loss.py::test_monte_carlo_matches_exact_enumeration[bigram-stationary-counts]",
+    "tests/test_loss.py::test_short_context_padding[sum]",
+    "tests/test_methods.py::test_every_method_writes_a_folder_load_check_and_plot_accept[sde]",
+    "tests/test_refmodel.py::test_drawn_target_is_the_sampled_y[log]",
+    "tests/test_refmodel.py::test_every_layout_equals_direct_loss[True-aligned-layer]",
+    "tests/test_refmodel.py::test_every_layout_equals_direct_loss[True-shifted-sum]",
+    "tests/test_refmodel.py::test_gradient_matches_finite_differences[heads]",
+    "tests/test_refmodel.py::test_gradient_matches_finite_differences[sparse]",
+    "tests/test_refmodel.py::test_head_norm_changes_nothing_with_one_hot_copiers",
+    "tests/test_refmodel.py::test_m1_shifted_reads_offset_h[counts]",
+    "tests/test_refmodel.py::test_m1_shifted_reads_offset_h[sparse]",
+    "tests/test_refmodel.py::test_predict_equals_direct[False-aligned-sum]",
+    "tests/test_refmodel.py::test_replicates_with_different_slot_counts_stack",
+    "tests/test_refmodel.py::test_sparse_features_are_each_sequences_distinct_windows",
+    "tests/test_refmodel.py::test_sparse_layout_equals_per_position_computation[layer-9]",
+    "tests/test_refmodel.py::test_sparse_layout_equals_per_position_computation[sum-3]",
+    "tests/test_replicates.py::test_batch_groups_stage_II_by_selected_set",
+    "tests/test_replicates.py::test_cli_run_replicates_with_checks",
+    "tests/test_replicates.py::test_run_replicates_are_the_single_runs",
+    "tests/test_scale.py::test_chunked_equals_unchunked[positions]",
+    "tests/test_scale.py::test_sharded_equals_single_device",
+    "tests/test_sgd.py::test_fresh_count_features_equal_the_loss_features",
+    "tests/test_sgd.py::test_fresh_sampler_kernels_are_dirichlet[0.1]",
+    "tests/test_sgd.py::test_method_sde_takes_its_settings_from_the_config",
+    "tests/test_sgd.py::test_sde_without_noise_is_the_flow",
+    "tests/test_sgd.py::test_sharded_sgd_on_two_devices",
+    "tests/test_spectrum.py::test_modified_field_norm_identity",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW:
+            item.add_marker(pytest.mark.slow)
