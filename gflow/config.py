@@ -279,6 +279,18 @@ def _check_count(sec: str, obj, name: str, lo: int) -> None:
         raise ValueError(f"{sec}.{name} must be an integer >= {lo}, got {v!r}")
 
 
+def check_sgd_sampling(sampling, shard) -> None:
+    """``sgd.sampling`` and ``sgd.shard``, and their one rule (``shard = "batch"`` splits fresh
+    batches); shared by the ``[sgd]`` section and :class:`gflow.SGDConfig`."""
+    if sampling not in _SAMPLINGS:
+        raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {sampling!r}")
+    if shard not in _SHARDS:
+        raise ValueError(f"sgd.shard must be one of {_SHARDS}, got {shard!r}")
+    if shard == "batch" and sampling != "fresh":
+        raise ValueError(f"sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh', "
+                         f"got {sampling!r} (use sgd.shard = 'seeds')")  # fmt: skip
+
+
 class SGDSection(eqx.Module):
     """The ``[sgd]`` section: the stochastic runs (``solver.method = "sgd"`` or ``"sde"``).
 
@@ -309,13 +321,7 @@ class SGDSection(eqx.Module):
         for name in ("batch", "seeds"):
             _check_count("sgd", self, name, 1)
         _check_count("sgd", self, "seed", 0)
-        if self.sampling not in _SAMPLINGS:
-            raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
-        if self.shard not in _SHARDS:
-            raise ValueError(f"sgd.shard must be one of {_SHARDS}, got {self.shard!r}")
-        if self.shard == "batch" and self.sampling != "fresh":
-            raise ValueError(f"sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh', "
-                             f"got {self.sampling!r} (use sgd.shard = 'seeds')")  # fmt: skip
+        check_sgd_sampling(self.sampling, self.shard)
 
 
 class SDESection(eqx.Module):

@@ -597,6 +597,17 @@ def _sparse_vectors(w, model: ModelConfig, d: int):
     return V
 
 
+
+def _selector_products(c, subsets, per_head):
+    """``Σ_S c_S Π_{h∈S} per_head[h−1]`` (the empty product 1), in a fixed order."""
+    out = 0.0
+    for r, S in enumerate(subsets):
+        t = c[r]
+        for h in S:
+            t = t * per_head[h - 1]
+        out = out + t
+    return out
+
 def sparse_kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: ModelConfig, d: int, L: int):
     """κ for every (query window, sparse window) pair, ``(nQ, nK)``: rows the
     ``d**(span − p_q)`` query windows, columns the :func:`sparse_windows`.
@@ -610,21 +621,11 @@ def sparse_kappa_table(w: Float[Array, "H M"], C: Float[Array, " nS"], model: Mo
     Vq = V[:, r0:r1]
     inner = [sum(Vq[h, :, None, e] * V[h, None, :, e] for e in range(d)) for h in range(model.H)]
     c = C**2
-    num = 0.0
-    for r, S in enumerate(model.subsets):
-        t = c[r]
-        for h in S:
-            t = t * inner[h - 1]
-        num = num + t
+    num = _selector_products(c, model.subsets, inner)
     if model.norm == "sum":
         return jnp.broadcast_to(num / c.sum(), (r1 - r0, V.shape[1]))
     n2 = jnp.sum(V * V, -1)  # (H, nK)
-    sq = 0.0
-    for r, S in enumerate(model.subsets):
-        t = c[r]
-        for h in S:
-            t = t * n2[h - 1]
-        sq = sq + t
+    sq = _selector_products(c, model.subsets, n2)
     sq = jnp.broadcast_to(sq, (V.shape[1],))
     tiny = jnp.finfo(sq.dtype).tiny
     return num / jnp.sqrt(jnp.maximum(sq[r0:r1, None] * sq[None, :], tiny))

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from ..config import Config
+from ..config import Config, check_sgd_sampling
 from ..core import (
     CountFeatures,
     Params,
@@ -58,9 +58,6 @@ from ..core import (
     sample_fast_time_major,
     window_code_count,
 )
-
-_SAMPLINGS = ("fresh", "fixed", "replace")
-_SHARDS = ("none", "seeds", "batch")
 
 
 class SGDConfig(eqx.Module):
@@ -103,13 +100,7 @@ class SGDConfig(eqx.Module):
                 raise ValueError(f"sgd.{name} must be an integer >= 1, got {v!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ValueError(f"sgd.seed must be an integer >= 0, got {self.seed!r}")
-        if self.sampling not in _SAMPLINGS:
-            raise ValueError(f"sgd.sampling must be one of {_SAMPLINGS}, got {self.sampling!r}")
-        if self.shard not in _SHARDS:
-            raise ValueError(f"sgd.shard must be one of {_SHARDS}, got {self.shard!r}")
-        if self.shard == "batch" and self.sampling != "fresh":
-            raise ValueError(f"sgd.shard = 'batch' splits fresh batches: it needs sgd.sampling = 'fresh', "
-                             f"got {self.sampling!r} (use sgd.shard = 'seeds')")  # fmt: skip
+        check_sgd_sampling(self.sampling, self.shard)
 
 
 @dataclasses.dataclass
