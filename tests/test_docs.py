@@ -84,16 +84,15 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
         plt.close("all")
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_tiny(example, tmp_path, monkeypatch):
-    """Each worked example at the tiny size; the examples assert on their own results."""
+def _run_example(example, tmp_path, monkeypatch, size: str) -> None:
+    """Run a worked example as a script at `size` in a fresh folder; it must draw a figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", "tiny")
+    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", size)
     try:
         runpy.run_path(str(example), run_name="__main__")
         assert plt.get_fignums(), f"{example.name} draws no figure"
@@ -101,20 +100,17 @@ def test_example_tiny(example, tmp_path, monkeypatch):
         plt.close("all")
 
 
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_tiny(example, tmp_path, monkeypatch):
+    """Each worked example at the tiny size; the examples assert on their own results."""
+    _run_example(example, tmp_path, monkeypatch, "tiny")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_full(example, tmp_path, monkeypatch):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", "full")
-    try:
-        runpy.run_path(str(example), run_name="__main__")
-    finally:
-        plt.close("all")
+    """Each worked example at the full size."""
+    _run_example(example, tmp_path, monkeypatch, "full")
 
 
 def test_examples_are_percent_scripts():

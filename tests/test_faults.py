@@ -72,6 +72,19 @@ def _faults(raw: bytes, other: bytes) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------
 
 
+
+def _killed_at_copier(real):
+    """``atomic_savefig`` killed (SIGINT: KeyboardInterrupt) while the copier figure is written,
+    its temporary left half-written; the other figures written by `real`."""
+
+    def killed(fig, path, **kw):
+        if path.name.startswith("copier"):
+            _io._temporary(path).write_bytes(b"\x89PNG half")
+            raise KeyboardInterrupt
+        return real(fig, path, **kw)
+
+    return killed
+
 def test_damaged_entry_is_dropped_and_recomputed(tmp_path, monkeypatch, capsys):
     @eqx.filter_jit
     def f(x, *, scale):
@@ -201,14 +214,7 @@ def test_killed_while_drawing_fast(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gflow.figures._plot, "_FIGURES", dict.fromkeys(gflow.figures._plot._FIGURES, cheap))
     monkeypatch.setattr(gflow.runs._folder, "load_or_compute", lambda *a, **k: (None, "computed"))
     real = _io.atomic_savefig
-
-    def killed(fig, path, **kw):
-        if path.name.startswith("copier"):
-            _io._temporary(path).write_bytes(b"\x89PNG half")
-            raise KeyboardInterrupt
-        return real(fig, path, **kw)
-
-    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", killed)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", _killed_at_copier(real))
     out = tmp_path / "run"
     toml = tmp_path / "c.toml"
     toml.write_text("[data]\nL = 10\n[estimator]\nN = 200\n[schedule]\ndurations = [1.0, 1.0, 1.0]\n")
@@ -241,14 +247,7 @@ def test_run_killed_while_drawing_is_not_complete_and_plot_repairs_it(tmp_path, 
     cfg.write_text(TINY_TOML)
     out = tmp_path / "run"
     real = _io.atomic_savefig
-
-    def killed(fig, path, **kw):
-        if path.name.startswith("copier"):
-            _io._temporary(path).write_bytes(b"\x89PNG half")
-            raise KeyboardInterrupt
-        return real(fig, path, **kw)
-
-    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", killed)
+    monkeypatch.setattr(gflow.figures._plot, "atomic_savefig", _killed_at_copier(real))
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 130
     capsys.readouterr()
     tr = load(out)
