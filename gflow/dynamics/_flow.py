@@ -90,60 +90,28 @@ def params_from(traj: Trajectory, i: int, dtype) -> Params:
     return Params(w=jnp.asarray(st["w"], dtype), C=jnp.asarray(st["C"], dtype), a=jnp.asarray(st["a"], dtype))
 
 
-def integrate(
-    config: Config = Config(),
-    *,
-    out=None,
-    resume: bool = False,
-    overwrite: bool = False,
-    loss: PopulationLoss | None = None,
-    params0: Params | None = None,
-    verbose: bool = False,
-    throw: bool = True,
-    outputs: list[str] | None = None,
-) -> Trajectory:
-    """Integrate the gradient flow of ``config`` and return its trajectory.
+# The options of :func:`gflow.integrate` that both engines (the flow's, the stochastic methods')
+# take, with their defaults; they are documented there.
+RUN_OPTIONS = {"resume": False, "overwrite": False, "loss": None, "params0": None, "verbose": False,
+               "throw": True, "outputs": None}  # fmt: skip
 
-    **Arguments:**
 
-    - `config`: the run (``Config()`` is the paper's default staged run).
-    - `out`: a folder; if given, ``trajectory.npz`` and ``run.json`` are
-      written there after every segment.
-    - `resume`: continue the run saved in `out` from its last saved state
-      (with the step-size controller's saved state: the same steps as an
-      uninterrupted run), up to the (possibly later) end times of ``config``
-      — e.g. a longer Stage III. Every setting that defines the trajectory so
-      far must equal the saved run's (:func:`check_resumable`).
-    - `overwrite`: allow writing over a run already saved in `out` (without
-      it, that is an error: a finished run is never replaced silently); the
-      old run's files, reports and figures are removed first.
-    - `loss`: an estimator to reuse (default: ``make_loss`` from the config's
-      seed; passing the same one to several runs compares them on one sample).
-    - `params0`: the initial θ (default: the paper's initialisation).
-    - `verbose`: print a line per segment.
-    - `throw`: raise :class:`FlowError` when the integration fails (default,
-      as diffrax's ``throw=True``); with ``throw=False`` the partial trajectory
-      is returned instead, its ``status`` saying ``"failed: Stage … at t = …: why"``.
-    - `outputs`: the files (relative to `out`) the caller writes after the integration (``gflow run``:
-      the report and the figures): the run ends with status
-      :data:`~gflow.trajectory.WRITING` and these names in its manifest, and becomes ``"complete"``
-      when they are recorded whole (:func:`gflow.trajectory.record_outputs`).
+def run_options(options: dict) -> dict:
+    """`options` completed with :data:`RUN_OPTIONS`' defaults; an unknown name is a ``TypeError``."""
+    unknown = sorted(set(options) - set(RUN_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}; allowed: {sorted(RUN_OPTIONS)}")
+    return {**RUN_OPTIONS, **options}
 
-    With `out`, the folder's lock (:func:`gflow.trajectory.lock`) is held for
-    the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks the
-    saved run ``"interrupted"`` (its last saved snapshot, resumable) before
-    it propagates.
 
-    **Returns:** a :class:`~gflow.trajectory.Trajectory`.
-
-    **Raises:** :class:`FlowError` (with the partial trajectory), unless
-    ``throw=False``, when a stage's solve fails or its vector field is not finite;
-    :class:`~gflow.trajectory.RunFolderError` when `out` is locked by another
-    process or cannot be written.
-    """
+def integrate(config: Config = Config(), *, out=None, **options) -> Trajectory:
+    """The flow's engine behind :func:`gflow.integrate` (the same options, results and errors),
+    with `out` a run-folder hook (:class:`gflow.runs.RunFolder`) or ``None``. With `out`, the
+    folder's lock is held for the whole integration, and a ``KeyboardInterrupt`` (SIGINT) marks
+    the saved run ``"interrupted"`` (its last saved snapshot, resumable) before it propagates;
+    the resumed run must have the settings of the saved one (:func:`check_resumable`)."""
     refuse_sgd(config, "gflow.integrate")  # solver.method = "sgd": gflow.sgd runs it, not the flow
-    kw = {"resume": resume, "overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose,
-          "throw": throw, "outputs": outputs}
+    kw = run_options(options)
     if out is None:
         return _integrate(config, out=None, **kw)
     with out.lock():

@@ -37,7 +37,7 @@ from .._util import versions
 from ..config import Config
 from ..core import Params, PopulationLoss, init_params, make_loss
 from ..trajectory import SEED_ARRAYS, WRITING, StageRecord, Trajectory
-from ._flow import FlowError, check_params
+from ._flow import FlowError, check_params, run_options
 from ._sde import sde, sde_settings
 from ._sgd import sgd, sgd_settings
 from ._solve import stats_at
@@ -109,18 +109,7 @@ def stochastic_trajectory(config: Config, run, loss: PopulationLoss, *, wall: fl
     return traj
 
 
-def integrate_stochastic(
-    config: Config,
-    *,
-    out=None,
-    resume: bool = False,
-    overwrite: bool = False,
-    loss: PopulationLoss | None = None,
-    params0: Params | None = None,
-    verbose: bool = False,
-    throw: bool = True,
-    outputs: list[str] | None = None,
-) -> Trajectory:
+def integrate_stochastic(config: Config, *, out=None, **options) -> Trajectory:
     """Run the stochastic method of ``config`` (``solver.method = "sgd"`` or ``"sde"``) and
     return its trajectory with a seed axis (module docstring); the arguments are
     :func:`gflow.integrate`'s; `resume` returns the saved run when it is complete and was made by
@@ -137,8 +126,8 @@ def integrate_stochastic(
     trajectory, saved to `out`) when a seed's θ becomes non-finite, unless ``throw=False``.
     """
     check_stochastic(config)
-    kw = {"overwrite": overwrite, "loss": loss, "params0": params0, "verbose": verbose, "throw": throw,
-          "outputs": outputs}
+    kw = run_options(options)
+    resume, outputs = kw.pop("resume"), kw["outputs"]
     if resume:
         if out is None:
             return _resumed(config, None)
