@@ -9,7 +9,6 @@ import dataclasses
 import numpy as np
 
 from .._util import STAGE_CODES
-from ..core import subset_label
 from ..theory import StageIIILaw, Theory
 from ..trajectory import StageRecord, Trajectory, selected_set
 
@@ -161,8 +160,3 @@ def measured_rate(traj: Trajectory, idx: np.ndarray) -> tuple[np.ndarray, np.nda
     """Measured ``∂ₜa = −η_a ∂L̂/∂a`` and its SE at the saved indices."""
     eta = float(traj.config.schedule.eta_a)
     return -eta * traj.grad_a[idx], eta * traj.grad_se_a[idx]
-
-
-def subset_text(S) -> str:
-    """A set of offsets as the figures label it (:func:`gflow.core.subset_label` of any sequence)."""
-    return subset_label(tuple(S))

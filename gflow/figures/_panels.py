@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._util import linear_fit
+from ..core import subset_label
 from ..theory import Theory
 from ..trajectory import Trajectory
 from ._base import (
@@ -25,7 +26,6 @@ from ._base import (
     stage3_law_of,
     stage_axes,
     stage_segments,
-    subset_text,
     validity_window,
 )
 
@@ -106,7 +106,7 @@ def plot_c_frac(
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(r"$c_S\,/\,\Sigma c$")
     axes[0].set_ylim(-0.03, 1.03)
-    star = "" if S_star is None else rf"; thick: $S^* = \arg\max\,\tilde I$ = {subset_text(S_star)}"
+    star = "" if S_star is None else rf"; thick: $S^* = \arg\max\,\tilde I$ = {subset_label(S_star)}"
     handles, labels = axes[0].get_legend_handles_labels()
     if compact:
         axes[0].legend(
@@ -185,12 +185,12 @@ def plot_copier(
         ax.set_title(f"{what}: t = {fmt_g(float(traj.ts[i]))} ({stage})", fontsize=9 if compact else 10)
     cb = fig.colorbar(im, ax=list(axes), shrink=0.9)
     cb.set_label(r"$s^{(h)}_m$")
-    sel = f"; red: heads {subset_text(heads)}" if heads else ""
+    sel = f"; red: heads {subset_label(heads)}" if heads else ""
     if compact:
         pre = "" if any(r.name == "joint" for r in traj.stages) else "Stage II: "
         fig.suptitle(rf"{pre}copier attention $s^{{(h)}}${sel}", fontsize=10)
     else:
-        sel = rf"; red outline: $s^{{(h)}}_h$ of the selected heads {subset_text(heads)}" if heads else ""
+        sel = rf"; red outline: $s^{{(h)}}_h$ of the selected heads {subset_label(heads)}" if heads else ""
         fig.suptitle(rf"copier attention $s^{{(h)}} = \mathrm{{softmax}}(w^{{(h)}})${sel}", fontsize=11)
     return root_figure(fig)
 

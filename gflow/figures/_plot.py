@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .._util import atomic_savefig
+from ..core import subset_label
 from ..theory import Theory
 from ..trajectory import Trajectory, load
 from ._base import (
@@ -59,7 +60,6 @@ from ._base import (
     stage3_law_of,
     stage_axes,
     stage_segments,
-    subset_text,
     validity_window,
 )
 from ._panels import fit_a_log_tau, plot_a_vs_logt, plot_c_frac, plot_copier, plot_rate
@@ -186,7 +186,7 @@ def _summary_text(traj: Trajectory, theory: Theory | dict | None) -> str:
     j = int(np.argmax(cf_end))
     lines.append("Stage I: selector c")
     if S_star is not None:
-        lines.append(f"  theory   S* = argmax Ĩ = {subset_text(S_star)}")
+        lines.append(f"  theory   S* = argmax Ĩ = {subset_label(S_star)}")
     t_I = f", t = {fmt_g(st['I'].t1)}" if "I" in st else ""
     lines.append(f"  measured argmax c/Σc = {traj.labels[j]} ({cf_end[j]:.3f}){t_I}")
     lines.append("Stage II: copier w")

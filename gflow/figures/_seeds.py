@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core import subset_label
 from ..theory import Theory
 from ..trajectory import Trajectory, selected_set
-from ._base import new_figure, root_figure, stage3_law_of, subset_text
+from ._base import new_figure, root_figure, stage3_law_of
 
 _MAX_LINES = 20
 
@@ -33,7 +34,7 @@ def seed_quantities(traj: Trajectory) -> dict[str, tuple[str, np.ndarray]]:
     return {
         "a": (r"$a$", np.asarray(ps["a"], np.float64)),
         "C_norm": (r"$\|C\|$", np.sqrt(c.sum(-1))),
-        "c_frac": (rf"$c_S/\Sigma c$, S = {subset_text(traj.subsets[j])}", c[..., j] / c.sum(-1)),
+        "c_frac": (rf"$c_S/\Sigma c$, S = {subset_label(traj.subsets[j])}", c[..., j] / c.sum(-1)),
         "loss": (r"loss $\hat L_N$", np.asarray(ps["loss"], np.float64)),
     }
 
