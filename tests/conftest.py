@@ -51,6 +51,8 @@ def small_run(tmp_path_factory, small_config, small_loss):
 # end-to-end run of a path the default suite reaches more cheaply. Keeping them here, by
 # node id, leaves each test's code as it was.
 SLOW = {
+    "tests/test_second.py::test_table_hessian_and_hvp_are_jax_second_derivatives[sparse]",
+    "tests/test_second.py::test_table_hessian_and_hvp_are_jax_second_derivatives[sparse-official-chunked]",
     "tests/test_methods.py::test_stochastic_run_equals_the_python_functions[sde]",
     "tests/test_replicates.py::test_batch_is_the_single_runs",
     "tests/test_refmodel.py::test_sparse_layout_equals_per_position_computation[sum-9]",

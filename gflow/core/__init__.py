@@ -1,6 +1,7 @@
 """The paper's objects in pure JAX: the n-gram mixture and its sampler (``_data``),
 the transformer TF(M, H, d, D) and its features (``_model``), the Monte Carlo
-population loss with its gradient and standard errors (``_loss``).
+population loss with its gradient and standard errors (``_loss``), and its second
+derivatives through the κ table (``_second``).
 
 Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
 """
@@ -36,3 +37,7 @@ from ._model import sparse_window_blocks as sparse_window_blocks
 from ._model import subset_label as subset_label
 from ._model import subsets as subsets
 from ._model import window_code_count as window_code_count
+from ._second import grad_hvp as grad_hvp
+from ._second import has_table as has_table
+from ._second import outer_derivatives as outer_derivatives
+from ._second import table_hessian as table_hessian

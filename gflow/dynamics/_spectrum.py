@@ -17,10 +17,16 @@ computed densely.
   ``Λ`` of the staged GD and of the staged modified flow.
 
 A frozen block adds exact zeros to the spectrum (``ΛH`` has them); only the
-moving coordinates' block ``Λ_m^{1/2} H_mm Λ_m^{1/2}`` is computed: the Hessian
-columns of the moving coordinates, each a Hessian-vector product (forward mode over
-the gradient: ``jax.hessian``'s ``jacfwd(jacrev)`` restricted to those columns), all
-at once under ``vmap``.
+moving coordinates' block ``Λ_m^{1/2} H_mm Λ_m^{1/2}`` is kept. In the counts and
+sparse layouts (the default, and the official options') H is computed whole by the
+κ table's structure (:func:`gflow.core.table_hessian`: one pass over the sample, its
+per-sequence Hessian in the table's entries a diagonal plus a term of rank d + 2,
+pulled back by the table's Jacobian; about 8–11 gradients at the default, against
+2·dim θ = 34 for the Hessian-vector products below). Any other loss (the positions
+and heads layouts, a test's function): the Hessian columns of the moving
+coordinates, each a Hessian-vector product (forward mode over the gradient:
+``jax.hessian``'s ``jacfwd(jacrev)`` restricted to those columns), all at once under
+``vmap``.
 
 The spectrum is of L̂ in θ's own coordinates (C, not the joint flow's log|C|): the
 coordinates GD steps in.
@@ -43,7 +49,7 @@ import numpy as np
 
 from .._util import STAGE_CODES
 from ..config import Config
-from ..core import Params, PopulationLoss, make_loss, subset_label, subsets
+from ..core import Params, PopulationLoss, has_table, make_loss, subset_label, subsets, table_hessian
 
 _BLOCKS = ("w", "C", "a")
 _STAGE_OF_CODE = {v: k for k, v in STAGE_CODES.items()}
@@ -99,12 +105,17 @@ def step_scales(cfg: Config, stage: str) -> np.ndarray:
 
 def _sym_block(loss_fn, theta, root_scale_m, cols, H, M):
     """``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ (the moving coordinates `cols`)."""
+    c = jnp.asarray(cols)
+    if has_table(loss_fn):  # the counts and sparse layouts: the whole Hessian by the κ table's structure
+        S = table_hessian(loss_fn, unflatten(theta, H, M))[c[:, None], c[None, :]]
+        S = S * root_scale_m[:, None] * root_scale_m[None, :]
+        return 0.5 * (S + S.T)
     f = lambda x: loss_fn(unflatten(x, H, M))  # noqa: E731
     grad = jax.grad(f)
     P = theta.shape[0]
-    E = jnp.zeros((len(cols), P), theta.dtype).at[jnp.arange(len(cols)), jnp.asarray(cols)].set(root_scale_m)
+    E = jnp.zeros((len(cols), P), theta.dtype).at[jnp.arange(len(cols)), c].set(root_scale_m)
     HE = jax.vmap(lambda v: jax.jvp(grad, (theta,), (v,))[1])(E)  # row j: H Λ^{1/2} e_{cols[j]}
-    S = HE[:, jnp.asarray(cols)] * root_scale_m[None, :]
+    S = HE[:, c] * root_scale_m[None, :]
     return 0.5 * (S + S.T)
 
 
@@ -131,7 +142,11 @@ def loss_hessian(loss: Callable[[Params], jax.Array], params: Params, scales=Non
     """The dense ``Λ^{1/2} H Λ^{1/2}`` (``H = ∇²loss`` at `params`, flat θ's order;
     `scales` the diagonal of Λ, default the identity: then H itself). `loss` is any
     function of :class:`~gflow.Params` (e.g. a :class:`~gflow.PopulationLoss`).
-    Frozen coordinates (scale 0) have zero rows and columns."""
+    Frozen coordinates (scale 0) have zero rows and columns. A
+    :class:`~gflow.PopulationLoss` in the counts or sparse layout is differentiated
+    twice by the κ table's structure (:func:`gflow.core.table_hessian`; the same matrix
+    as ``jax.hessian`` to rounding, a few gradients' cost), any other function by one
+    Hessian-vector product per coordinate."""
     theta = flatten(params)
     P = theta.shape[0]
     s = np.ones(P) if scales is None else np.asarray(scales, np.float64)
@@ -279,9 +294,10 @@ def hessian_spectrum(
     - `vectors`: also keep the top `vectors` eigenvectors (0: none).
     - `batch`: states whose Hessians are computed at once (vmapped; memory grows with it).
 
-    **Cost:** per state, one Hessian-vector product per moving coordinate (vmapped)
-    and a ``P × P`` ``eigh``: about 17 HVPs at the joint default (README §M9 measures
-    it in gradients).
+    **Cost:** per state, the structured Hessian of the counts and sparse layouts (about
+    8–11 gradients at the default), else one Hessian-vector product per moving
+    coordinate (vmapped, about 44 gradients at the joint default), and a ``P × P``
+    ``eigh`` (README §M9 and ``scripts/bench_spectrum.py`` measure it in gradients).
 
     **Raises:** ``ValueError`` for rows outside the trajectory, a bad `vectors`,
     `max_times` or `batch`, or states whose shapes are not the model's.
