@@ -34,7 +34,6 @@ import jax.numpy as jnp
 from ._loss import PopulationLoss, seqmap
 from ._model import CountFeatures, Params, SparseCountFeatures
 
-
 # the most numbers table_hessian's per-sequence gathers of J_z hold at once (128 MB in float64)
 _GATHER_MAX = 2**24
 

@@ -21,7 +21,7 @@ moving coordinates' block ``Λ_m^{1/2} H_mm Λ_m^{1/2}`` is kept. In the counts 
 sparse layouts (the default, and the official options') H is computed whole by the
 κ table's structure (:func:`gflow.core.table_hessian`: one pass over the sample, its
 per-sequence Hessian in the table's entries a diagonal plus a term of rank d + 2,
-pulled back by the table's Jacobian; about 8–11 gradients at the default, against
+pulled back by the table's Jacobian; about 11 gradients at the default, against
 2·dim θ = 34 for the Hessian-vector products below). Any other loss (the positions
 and heads layouts, a test's function): the Hessian columns of the moving
 coordinates, each a Hessian-vector product (forward mode over the gradient:
@@ -295,7 +295,7 @@ def hessian_spectrum(
     - `batch`: states whose Hessians are computed at once (vmapped; memory grows with it).
 
     **Cost:** per state, the structured Hessian of the counts and sparse layouts (about
-    8–11 gradients at the default), else one Hessian-vector product per moving
+    11 gradients at the default), else one Hessian-vector product per moving
     coordinate (vmapped, about 44 gradients at the joint default), and a ``P × P``
     ``eigh`` (README §M9 and ``scripts/bench_spectrum.py`` measure it in gradients).
 
