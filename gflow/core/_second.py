@@ -184,7 +184,10 @@ def grad_hvp(
     """``g = ∇L̂`` and ``H v`` with ``v = direction(g)`` (``H = ∇²L̂``), at `params`, by the
     structure in the module docstring (a loss with :func:`has_table`): two passes over the
     sample and a few products with the table's Jacobian, no Hessian formed. `g` is
-    ``∇L̂`` to rounding (summed on the table, not by ``jax.grad``)."""
+    ``∇L̂`` to rounding (summed on the table, not by ``jax.grad``). The first pass's
+    per-sequence arrays (as many numbers as the counts) are kept for the second; with
+    ``estimator.chunk`` both passes run chunk by chunk and the second recomputes them,
+    so the working memory stays O(chunk)."""
     tab = _table(loss)
     f = loss.feats
     w, C, a = params.w, params.C, params.a
@@ -194,20 +197,40 @@ def grad_hvp(
     def one(rows, counts, cond):
         return _sequence_parts(loss, a, tab.gather(T, rows), counts, cond)
 
-    A, yhat, p, gy, Hy, u = seqmap(one, (tab.rows, f.counts, f.cond), loss.chunk)
+    def two_from(parts, dZ):
+        def two(rows, A, yhat, p, Hy, u):
+            dz = tab.gather(dZ, rows)
+            s1 = jnp.sum(A * dz, axis=-1)  # D δz = s1 − ŷ π
+            pi = jnp.sum(s1)
+            r = _hy(*Hy, s1 - yhat * pi)
+            return (
+                jnp.sum(r[:, None] * A, axis=0)
+                - p * jnp.sum(r * yhat)
+                + u * dz
+                - p * jnp.sum(u * dz)
+                - u * pi
+            )
+
+        if loss.chunk:  # O(chunk) memory, as estimator.chunk promises: the first pass's A is recomputed
+
+            def again(rows, counts, cond):
+                A, yhat, p, _, Hy, u = one(rows, counts, cond)
+                return two(rows, A, yhat, p, Hy, u)
+
+            return seqmap(again, (tab.rows, f.counts, f.cond), loss.chunk)
+        A, yhat, p, _, Hy, u = parts
+        return seqmap(two, (tab.rows, A, yhat, p, Hy, u), 0)
+
+    if loss.chunk:
+        parts = None
+        u = seqmap(lambda *xs: one(*xs)[-1], (tab.rows, f.counts, f.cond), loss.chunk)
+    else:  # the first pass's arrays (N·d·K numbers, as the counts) are kept for the second
+        parts = seqmap(one, (tab.rows, f.counts, f.cond), 0)
+        u = parts[-1]
     U = tab.scatter(u) / N
     g, tangent = jax.linearize(lambda th: _psi_grad(tab, th, U), params)
     v = direction(g)
     dT = jax.jvp(tab, (w, C), (v.w, v.C))[1]
-    dZ = a * dT + v.a * T
-
-    def two(rows, A, yhat, p, Hy, u):
-        dz = tab.gather(dZ, rows)
-        s1 = jnp.sum(A * dz, axis=-1)  # D δz = s1 − ŷ π
-        pi = jnp.sum(s1)
-        r = _hy(*Hy, s1 - yhat * pi)
-        return jnp.sum(r[:, None] * A, axis=0) - p * jnp.sum(r * yhat) + u * dz - p * jnp.sum(u * dz) - u * pi
-
-    W = tab.scatter(seqmap(two, (tab.rows, A, yhat, p, Hy, u), loss.chunk)) / N
+    W = tab.scatter(two_from(parts, a * dT + v.a * T)) / N
     hv = jax.tree.map(jnp.add, _psi_grad(tab, params, W), tangent(v))
     return g, hv
