@@ -167,7 +167,8 @@ class SolverConfig(eqx.Module):
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
       ``"modified"`` (extension, README §M9): GD's first-order modified flow
       ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``eta`` (``g = ∇L̂``, ``H = ∇²L̂``
-      through a Hessian-vector product), integrated by Tsit5 like the flow with the
+      through a Hessian-vector product: about two gradients per evaluation in the counts
+      and sparse layouts, docs/theory/mathematics.md §M9), integrated by Tsit5 like the flow with the
       same tolerances, stages, events and coordinates; ``eta = 0`` is the flow.
       One name for every stage, or a list of three, one per stage
       (``["tsit5", "tsit5", "kvaerno5"]``); "gd" and "modified" are all or nothing.
