@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow.core import StageLoss, grad_hvp, has_table, outer_derivatives, sequence_loss, table_hessian
+from gflow.core import (
+    StageLoss,
+    flatten,
+    grad_hvp,
+    has_table,
+    outer_derivatives,
+    sequence_loss,
+    table_hessian,
+    unflatten,
+)
 from gflow.dynamics import VectorField, block_scales
 
 BASE = gflow.Config().replace(data={"d": 3, "L": 20}, estimator={"N": 300}, schedule={"kind": "joint"})
@@ -37,19 +46,10 @@ def _setup(model, est, seed=0):
     return cfg, loss, p
 
 
-def _flat(p):
-    return jnp.concatenate([jnp.ravel(p.w), jnp.ravel(p.C), jnp.reshape(p.a, (1,))])
-
-
-def _unflat(x, p):
-    k = p.w.size
-    return gflow.Params(w=x[:k].reshape(p.w.shape), C=x[k:-1], a=x[-1])
-
-
 @eqx.filter_jit
 def _GHV(loss, p, v):
     """grad_hvp with the direction v (flat), or g itself when v is None."""
-    return grad_hvp(loss, p, (lambda g: g) if v is None else (lambda g: _unflat(v, p)))
+    return grad_hvp(loss, p, (lambda g: g) if v is None else (lambda g: unflatten(v, *p.w.shape)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -59,8 +59,8 @@ def test_table_hessian_and_hvp_are_jax_second_derivatives(name):
     model, est = CASES[name]
     _, loss, p = _setup(model, est)
     assert has_table(loss)
-    f = lambda x: loss(_unflat(x, p))  # noqa: E731
-    x = _flat(p)
+    f = lambda x: loss(unflatten(x, *p.w.shape))  # noqa: E731
+    x = flatten(p)
     H_ref = np.asarray(jax.jit(jax.hessian(f))(x))
     H = np.asarray(eqx.filter_jit(table_hessian)(loss, p))
     scale = np.max(np.abs(H_ref))
@@ -69,12 +69,12 @@ def test_table_hessian_and_hvp_are_jax_second_derivatives(name):
     rng = np.random.default_rng(1)
     v = jnp.asarray(rng.standard_normal(x.shape[0]))
     g, hv = _GHV(loss, p, v)
-    assert np.max(np.abs(np.asarray(_flat(g)) - g_ref)) <= 1e-12 * np.max(np.abs(g_ref))
+    assert np.max(np.abs(np.asarray(flatten(g)) - g_ref)) <= 1e-12 * np.max(np.abs(g_ref))
     want = H_ref @ v
-    assert np.max(np.abs(np.asarray(_flat(hv)) - want)) <= 1e-12 * np.max(np.abs(want))
+    assert np.max(np.abs(np.asarray(flatten(hv)) - want)) <= 1e-12 * np.max(np.abs(want))
     # the direction may depend on g (the modified flow's Λg)
     _, hg = _GHV(loss, p, None)
-    assert np.max(np.abs(np.asarray(_flat(hg)) - H_ref @ g_ref)) <= 1e-12 * np.max(np.abs(H_ref @ g_ref))
+    assert np.max(np.abs(np.asarray(flatten(hg)) - H_ref @ g_ref)) <= 1e-12 * np.max(np.abs(H_ref @ g_ref))
 
 
 def test_outer_derivatives_closed_form():

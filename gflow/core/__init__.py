@@ -32,11 +32,14 @@ from ._model import Params as Params
 from ._model import PositionFeatures as PositionFeatures
 from ._model import SparseCountFeatures as SparseCountFeatures
 from ._model import features as features
+from ._model import flatten as flatten
 from ._model import init_params as init_params
 from ._model import sparse_window_blocks as sparse_window_blocks
 from ._model import subset_label as subset_label
 from ._model import subsets as subsets
+from ._model import unflatten as unflatten
 from ._model import window_code_count as window_code_count
+from ._model import window_weights as window_weights
 from ._second import grad_hvp as grad_hvp
 from ._second import has_table as has_table
 from ._second import outer_derivatives as outer_derivatives

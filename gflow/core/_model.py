@@ -168,6 +168,17 @@ class Params(eqx.Module):
         return c / c.sum()
 
 
+def flatten(p: Params) -> Float[Array, " P"]:
+    """θ as one vector: ``w`` row-major, ``C``, ``a`` (P = H·M + |𝒮| + 1)."""
+    return jnp.concatenate([jnp.ravel(p.w), jnp.ravel(p.C), jnp.reshape(p.a, (1,))])
+
+
+def unflatten(x: Float[Array, " P"], H: int, M: int) -> Params:
+    """The inverse of :func:`flatten`."""
+    k = H * M
+    return Params(w=x[:k].reshape(H, M), C=x[k:-1], a=x[-1])
+
+
 def init_params(model: ModelConfig, init: InitConfig = InitConfig(), *, dtype=jnp.float64) -> Params:
     """The paper's initialisation: head h starts on offset h (aligned windows
     require ``H <= M``; shifted windows put ``w_plus`` on ``w[h-1, 0]``)."""
@@ -709,16 +720,23 @@ def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "d K"])
     with ``row[k] = κ(query window, window k)`` and ``counts[e, k] = n_{e,k}``
     (see :class:`CountFeatures`); the same ``ŷ`` as :func:`predict_from_kappa`,
     grouped by key window."""
+    E, n = window_weights(a, row, counts)
+    # Elementwise products reduced over the windows (the last axis): under
+    # vmap this is about twice as fast as the matrix-vector products.
+    return jnp.sum(E * counts, axis=-1) / jnp.sum(E * n, axis=-1)
+
+
+def window_weights(a, row: Float[Array, " K"], counts: Float[Array, "d K"]):
+    """``(E, n)``: ``E_k = e^{a κ_k − max}`` on the windows present in the sequence (0 on
+    the absent ones; the max over the present ones, held constant under differentiation)
+    and ``n_k = Σ_e n_{e,k}``, the weights of :func:`predict_from_counts`."""
     n = counts.sum(0)
     present = n > 0
     z = a * row
     zmax = jax.lax.stop_gradient(jnp.max(jnp.where(present, z, -jnp.inf)))
     # double where: absent windows must not feed exp() an overflow whose
     # (masked) gradient would still be NaN.
-    E = jnp.where(present, jnp.exp(jnp.where(present, z, zmax) - zmax), 0.0)
-    # Elementwise products reduced over the windows (the last axis): under
-    # vmap this is about twice as fast as the matrix-vector products.
-    return jnp.sum(E * counts, axis=-1) / jnp.sum(E * n, axis=-1)
+    return jnp.where(present, jnp.exp(jnp.where(present, z, zmax) - zmax), 0.0), n
 
 
 def predict(params: Params, X: Int[Array, " L"], model: ModelConfig, d: int) -> Float[Array, " d"]:

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ._loss import PopulationLoss, seqmap
-from ._model import CountFeatures, Params, SparseCountFeatures
+from ._model import CountFeatures, Params, SparseCountFeatures, flatten, unflatten, window_weights
 
 # the most numbers table_hessian's per-sequence gathers of J_z hold at once (128 MB in float64)
 _GATHER_MAX = 2**24
@@ -115,11 +115,7 @@ def _sequence_parts(loss: PopulationLoss, a, row, counts, cond):
     ``H_y`` as ``(h, σ, m)``, ``u``. Products are written elementwise and reduced (under
     vmap, XLA's batched matrix-vector products of these tiny shapes were several times
     slower)."""
-    n = counts.sum(0)
-    present = n > 0
-    z = a * row
-    zmax = jax.lax.stop_gradient(jnp.max(jnp.where(present, z, -jnp.inf)))
-    E = jnp.where(present, jnp.exp(jnp.where(present, z, zmax) - zmax), 0.0)
+    E, n = window_weights(a, row, counts)
     A = E * counts / jnp.sum(E * n)
     yhat = jnp.sum(A, axis=-1)
     p = jnp.sum(A, axis=0)
@@ -135,10 +131,6 @@ def _psi_grad(T_fn, theta: Params, U) -> Params:
     return Params(w=gw, C=gC, a=jnp.sum(U * T))
 
 
-def _flat(p: Params):
-    return jnp.concatenate([jnp.ravel(p.w), jnp.ravel(p.C), jnp.reshape(p.a, (1,))])
-
-
 def table_hessian(loss: PopulationLoss, params: Params) -> jax.Array:
     """The dense Hessian ``∇²L̂`` at `params`, ``(P, P)`` in flat θ's order (w row-major,
     C, a), by the structure in the module docstring (a loss with :func:`has_table`). The
@@ -147,10 +139,9 @@ def table_hessian(loss: PopulationLoss, params: Params) -> jax.Array:
     tab = _table(loss)
     f = loss.feats
     w, C, a = params.w, params.C, params.a
-    nw = w.size
     T = tab(w, C)
     Jw, JC = jax.jacfwd(tab, argnums=(0, 1))(w, C)
-    Jz = jnp.concatenate([a * Jw.reshape(T.shape[0], nw), a * JC, T[:, None]], axis=-1)  # (E, P)
+    Jz = jnp.concatenate([a * Jw.reshape(T.shape[0], w.size), a * JC, T[:, None]], axis=-1)  # (E, P)
 
     def one(rows, counts, cond):
         A, yhat, p, gy, (h, s, m), u = _sequence_parts(loss, a, tab.gather(T, rows), counts, cond)
@@ -159,7 +150,7 @@ def table_hessian(loss: PopulationLoss, params: Params) -> jax.Array:
         V = B - yhat[:, None] * x[None, :]
         return V, x, jnp.sum(gy[:, None] * V, axis=0), h, jnp.sqrt(m) * jnp.sum(s[:, None] * V, axis=0), u
 
-    N, K = f.counts.shape[0], tab.rows.shape[-1] if tab.rows.ndim > 1 else tab.shape[1]
+    N, K = f.counts.shape[0], f.counts.shape[-1]
     # each sequence gathers its K rows of J_z (K × dim θ): in chunks when the sample's
     # gathers would pass _GATHER_MAX numbers (N = 10⁶ at the default: 1.1·10⁹), else at once
     chunk = loss.chunk or (
@@ -172,10 +163,10 @@ def table_hessian(loss: PopulationLoss, params: Params) -> jax.Array:
     diag = (Jz * U[:, None]).T @ Jz
 
     def psi(th):
-        q = Params(w=th[:nw].reshape(w.shape), C=th[nw:-1], a=th[-1])
+        q = unflatten(th, *w.shape)
         return q.a * jnp.sum(U * tab(q.w, q.C))
 
-    return gn + diag + jax.hessian(psi)(_flat(params))
+    return gn + diag + jax.hessian(psi)(flatten(params))
 
 
 def grad_hvp(
@@ -197,40 +188,30 @@ def grad_hvp(
     def one(rows, counts, cond):
         return _sequence_parts(loss, a, tab.gather(T, rows), counts, cond)
 
-    def two_from(parts, dZ):
-        def two(rows, A, yhat, p, Hy, u):
-            dz = tab.gather(dZ, rows)
-            s1 = jnp.sum(A * dz, axis=-1)  # D δz = s1 − ŷ π
-            pi = jnp.sum(s1)
-            r = _hy(*Hy, s1 - yhat * pi)
-            return (
-                jnp.sum(r[:, None] * A, axis=0)
-                - p * jnp.sum(r * yhat)
-                + u * dz
-                - p * jnp.sum(u * dz)
-                - u * pi
-            )
-
-        if loss.chunk:  # O(chunk) memory, as estimator.chunk promises: the first pass's A is recomputed
-
-            def again(rows, counts, cond):
-                A, yhat, p, _, Hy, u = one(rows, counts, cond)
-                return two(rows, A, yhat, p, Hy, u)
-
-            return seqmap(again, (tab.rows, f.counts, f.cond), loss.chunk)
+    def two(dZ, rows, parts):  # one sequence's (∂²f/∂z²) δz, δz = J_z v at its entries
         A, yhat, p, _, Hy, u = parts
-        return seqmap(two, (tab.rows, A, yhat, p, Hy, u), 0)
+        dz = tab.gather(dZ, rows)
+        s1 = jnp.sum(A * dz, axis=-1)  # D δz = s1 − ŷ π
+        pi = jnp.sum(s1)
+        r = _hy(*Hy, s1 - yhat * pi)
+        return jnp.sum(r[:, None] * A, axis=0) - p * jnp.sum(r * yhat) + u * dz - p * jnp.sum(u * dz) - u * pi
 
-    if loss.chunk:
+    args = (tab.rows, f.counts, f.cond)
+    if loss.chunk:  # O(chunk) memory, as estimator.chunk promises: the second pass recomputes the first's
         parts = None
-        u = seqmap(lambda *xs: one(*xs)[-1], (tab.rows, f.counts, f.cond), loss.chunk)
+        u = seqmap(lambda *xs: one(*xs)[-1], args, loss.chunk)
     else:  # the first pass's arrays (N·d·K numbers, as the counts) are kept for the second
-        parts = seqmap(one, (tab.rows, f.counts, f.cond), 0)
+        parts = seqmap(one, args, 0)
         u = parts[-1]
     U = tab.scatter(u) / N
     g, tangent = jax.linearize(lambda th: _psi_grad(tab, th, U), params)
     v = direction(g)
     dT = jax.jvp(tab, (w, C), (v.w, v.C))[1]
-    W = tab.scatter(two_from(parts, a * dT + v.a * T)) / N
+    dZ = a * dT + v.a * T
+    if loss.chunk:
+        Wn = seqmap(lambda rows, counts, cond: two(dZ, rows, one(rows, counts, cond)), args, loss.chunk)
+    else:
+        Wn = seqmap(lambda rows, *ps: two(dZ, rows, ps), (tab.rows, *parts), 0)
+    W = tab.scatter(Wn) / N
     hv = jax.tree.map(jnp.add, _psi_grad(tab, params, W), tangent(v))
     return g, hv

@@ -49,7 +49,17 @@ import numpy as np
 
 from .._util import STAGE_CODES
 from ..config import Config
-from ..core import Params, PopulationLoss, has_table, make_loss, subset_label, subsets, table_hessian
+from ..core import (
+    Params,
+    PopulationLoss,
+    flatten,
+    has_table,
+    make_loss,
+    subset_label,
+    subsets,
+    table_hessian,
+    unflatten,
+)
 
 _BLOCKS = ("w", "C", "a")
 _STAGE_OF_CODE = {v: k for k, v in STAGE_CODES.items()}
@@ -73,17 +83,6 @@ def coordinate_labels(cfg: Config) -> list[str]:
     m = cfg.model
     w = [f"w[{h},{i}]" for h in range(1, m.H + 1) for i in range(1, m.M + 1)]
     return w + ["C" + subset_label(S) for S in subsets(m.H, m.D)] + ["a"]
-
-
-def flatten(p: Params) -> jax.Array:
-    """θ as one vector: ``w`` row-major, ``C``, ``a``."""
-    return jnp.concatenate([jnp.ravel(p.w), jnp.ravel(p.C), jnp.reshape(p.a, (1,))])
-
-
-def unflatten(x: jax.Array, H: int, M: int) -> Params:
-    """The inverse of :func:`flatten`."""
-    k = H * M
-    return Params(w=x[:k].reshape(H, M), C=x[k:-1], a=x[-1])
 
 
 def step_scales(cfg: Config, stage: str) -> np.ndarray:
@@ -124,7 +123,9 @@ def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M:
     return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M))(thetas)
 
 
-def _map_blocks(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int) -> np.ndarray:
+def _map_blocks(
+    loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int
+) -> np.ndarray:
     """:func:`_sym_block` of every flat θ in `thetas`, `batch` at a time: one compiled
     shape ``(batch, P)`` whatever the number of states (the last chunk is padded)."""
     n = thetas.shape[0]
@@ -366,4 +367,3 @@ def hessian_spectrum(
     ts = ts[..., rows] if ts.shape[-1:] == (T,) else ts
     return Spectrum(ts=ts, index=rows, stage=stage, eigvals=eig, scales=scales, labels=coordinate_labels(cfg),
                     blocks=coordinate_blocks(H, M, nS), vectors=vec, eta=_run_eta(cfg))  # fmt: skip
-
