@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import gflow
-from gflow.core import _model as gmodel
+from gflow.core import _paper as gmodel
 
 # ---------------------------------------------------------------------------
 # Generic

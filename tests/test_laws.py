@@ -10,7 +10,7 @@ import pytest
 
 import gflow
 from gflow.config import from_dict
-from gflow.core import _model as gmodel
+from gflow.core import _paper as gmodel
 from gflow.core._loss import StageLoss, make_loss
 from gflow.core._model import Params, init_params
 from gflow.dynamics._solve import VectorField
@@ -118,8 +118,8 @@ def test_layer_norm_near_onehot_partial_window_is_a_cosine():
     """For a copier only near one-hot (gap 40, equal small weights), the layer-norm κ_l at
     l ≤ max(S) is the cosine of the partial windows (laws.partial_window_kernel), O(1),
     while the sum norm's tends to 0; on full windows both are the match indicator."""
-    model = gmodel.ModelConfig(norm="layer")
-    msum = gmodel.ModelConfig(norm="sum")
+    model = gflow.core.ModelConfig(norm="layer")
+    msum = gflow.core.ModelConfig(norm="sum")
     rng = np.random.default_rng(3)
     checked = 0
     for _ in range(20):

@@ -16,7 +16,7 @@ import pytest
 from helpers import gih_counts, naive_forward, random_params, subsets_by_definition
 
 import gflow
-from gflow.core import _model as gmodel
+from gflow.core import _paper as gmodel
 
 # ---------------------------------------------------------------------------
 # Index set, configuration, initialisation
@@ -126,7 +126,7 @@ def _forward_fns(model: gflow.ModelConfig, d: int):
             cond=jnp.full((N, d), 1.0 / d),
             pi=jnp.full((N, 1, d), 1.0 / d),
         )
-        f = gmodel.features(smp, model, layout="counts")
+        f = gflow.core.features(smp, model, layout="counts")
         table = gmodel.kappa_table(params.w, params.C, model, d)
         codes = jax.vmap(lambda x: gmodel.window_codes(x, model.M, d))(X)  # (N, L+1)
         kap = jax.vmap(lambda c: table[c[-1], c[:-1]])(codes)

@@ -23,8 +23,8 @@ import pytest
 from helpers import random_params
 
 import gflow
-from gflow.core import _model as gmodel
-from gflow.core._loss import PopulationLoss, StageLoss, resolve_layout, sparse_table_size
+from gflow.core import PopulationLoss, StageLoss, resolve_layout, sparse_table_size
+from gflow.core import _paper as gmodel
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ("counts", "positions", "heads", "sparse")
@@ -88,7 +88,7 @@ def _enumerated_sample(d, L, key):
 
 
 def _loss(smp, model, layout, kind="log", eps=1e-6):
-    feats = gmodel.features(smp, model, layout=layout)
+    feats = gflow.core.features(smp, model, layout=layout)
     return PopulationLoss(feats=feats, model=model, eps=jnp.asarray(eps), kind=kind)
 
 
@@ -294,7 +294,7 @@ def test_sparse_layout_equals_per_position_computation(getkey, norm, L):
         gflow.make_loss(data, m, gflow.EstimatorConfig(N=40, layout=lay, loss="ce_on_probs"), key=key)
         for lay in ("sparse", "positions")
     )
-    assert isinstance(sp.feats, gmodel.SparseCountFeatures)
+    assert isinstance(sp.feats, gflow.core.SparseCountFeatures)
     p = random_params(getkey(), m, a=2.5)
     yh = np.array([direct_forward(p.w, p.C, p.a, x, 3, 2, norm, True, "shifted") for x in np.asarray(sp.feats.X)])
     z = yh - yh.max(-1, keepdims=True)
@@ -322,7 +322,7 @@ def test_sparse_features_are_each_sequences_distinct_windows(getkey):
     data = gflow.DataConfig(d=d, L=L, alpha=0.1)
     m = gflow.ModelConfig(M=3, H=3, D=2, head_norm=True, windows="shifted")
     smp = gflow.core._data.sample(data, 30, key=getkey())
-    f = gmodel.features(smp, m, layout="sparse")
+    f = gflow.core.features(smp, m, layout="sparse")
     wins = gmodel.sparse_windows(d, m.span)
     X = np.asarray(smp.X)
     U = f.counts.shape[-1]
@@ -344,7 +344,7 @@ def test_sparse_features_are_each_sequences_distinct_windows(getkey):
         assert int(f.Gs[n]) == idx[-1] - r0 and 0 <= int(f.Gs[n]) < r1 - r0
         ndist.append(len(want))
     assert U == max(ndist) < L
-    traced = jax.jit(lambda s: gmodel.features(s, m, layout="sparse"))(smp)
+    traced = jax.jit(lambda s: gflow.core.features(s, m, layout="sparse"))(smp)
     assert traced.counts.shape[-1] == min(L, len(wins))
     p = random_params(getkey(), m)
     losses = [PopulationLoss(feats=g, model=m, eps=jnp.asarray(1e-6)).per_sequence(p) for g in (f, traced)]

@@ -213,14 +213,14 @@ def test_fresh_count_features_equal_the_loss_features():
     (layout "counts"), for aligned and shifted windows."""
     import jax
 
+    from gflow.core import count_features_flat
     from gflow.core._data import DataConfig, sample_fast
     from gflow.core._model import ModelConfig, features
-    from gflow.dynamics._sgd import _count_features_flat
 
     s = sample_fast(DataConfig(d=3, L=30), 50, jax.random.key(0))
     for model in (ModelConfig(), ModelConfig(M=2, H=2, windows="shifted")):
         want = features(s, model, layout="counts")
-        got = _count_features_flat(s.X.T, 30, s.cond, model, want.counts.dtype)
+        got = count_features_flat(s.X.T, 30, s.cond, model.span, want.counts.dtype)
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -243,7 +243,7 @@ def test_fresh_batch_features_are_each_seeds_sample(est):
     cfg = CFG.replace(data={"L": 20}, estimator=est)
     keys = jax.random.split(jax.random.key(4), 2)
     got = jax.jit(lambda k: _fresh_features(cfg, k, 30))(keys)
-    layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model.span)
+    layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model)
     draw = jax.jit(lambda k: (sample_fast(cfg.data, 30, k), sample_fast_time_major(cfg.data, 30, k)))
     for r in range(2):
         s, (tokens, zq, cond, pi) = draw(keys[r])

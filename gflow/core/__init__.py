@@ -1,7 +1,8 @@
-"""The paper's objects in pure JAX: the n-gram mixture and its sampler (``_data``),
-the transformer TF(M, H, d, D) and its features (``_model``), the Monte Carlo
-population loss with its gradient and standard errors (``_loss``), and its second
-derivatives through the κ table (``_second``).
+"""The paper's objects in pure JAX: the n-gram mixture and its sampler (``_data``), the model
+family (``_family``: one abstract class, a final class per member, ``_member_*``; the paper's
+TF(M, H, d, D) in ``_paper``), the sample layouts (``_features``), the Monte Carlo population
+loss with its gradient and standard errors (``_loss``), and its second derivatives through
+the κ table (``_second``).
 
 Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
 """
@@ -14,6 +15,15 @@ from ._data import sample_fast_time_major as sample_fast_time_major
 from ._data import sample_kernels as sample_kernels
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law
+from ._family import AbstractModel as AbstractModel
+from ._features import LAYOUTS as LAYOUTS
+from ._features import CountFeatures as CountFeatures
+from ._features import HeadFeatures as HeadFeatures
+from ._features import PositionFeatures as PositionFeatures
+from ._features import SparseCountFeatures as SparseCountFeatures
+from ._features import count_features_flat as count_features_flat
+from ._features import features as features
+from ._features import features_time_major as features_time_major
 from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats
 from ._loss import PopulationLoss as PopulationLoss
@@ -21,25 +31,26 @@ from ._loss import StageLoss as StageLoss
 from ._loss import kernel_conditional as kernel_conditional
 from ._loss import make_loss as make_loss
 from ._loss import mean_se as mean_se
+from ._loss import relabel_sample as relabel_sample
 from ._loss import resolve_layout as resolve_layout
-from ._loss import sequence_loss as sequence_loss
-from ._loss import sparse_table_size as sparse_table_size
-from ._model import CountFeatures as CountFeatures
-from ._model import HeadFeatures as HeadFeatures
+from ._member_paper import PaperModel as PaperModel
+from ._member_paper import sparse_table_size as sparse_table_size
+from ._members import member_of as member_of
+from ._model import BLOCKS as BLOCKS
 from ._model import InitConfig as InitConfig
 from ._model import ModelConfig as ModelConfig
 from ._model import Params as Params
-from ._model import PositionFeatures as PositionFeatures
-from ._model import SparseCountFeatures as SparseCountFeatures
-from ._model import features as features
 from ._model import flatten as flatten
 from ._model import init_params as init_params
-from ._model import sparse_window_blocks as sparse_window_blocks
 from ._model import subset_label as subset_label
 from ._model import subsets as subsets
 from ._model import unflatten as unflatten
-from ._model import window_code_count as window_code_count
-from ._model import window_weights as window_weights
+from ._ops import seqmap as seqmap
+from ._ops import sequence_loss as sequence_loss
+from ._paper import sparse_window_blocks as sparse_window_blocks
+from ._paper import window_code_count as window_code_count
+from ._paper import window_weights as window_weights
+from ._registry import MEMBERS as MEMBERS
 from ._second import grad_hvp as grad_hvp
 from ._second import has_table as has_table
 from ._second import outer_derivatives as outer_derivatives

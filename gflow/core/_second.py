@@ -31,8 +31,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._loss import PopulationLoss, seqmap
-from ._model import CountFeatures, Params, SparseCountFeatures, flatten, unflatten, window_weights
+from ._loss import PopulationLoss
+from ._model import Params, flatten, unflatten
+from ._ops import seqmap
+from ._paper import window_weights
 
 # the most numbers table_hessian's per-sequence gathers of J_z hold at once (128 MB in float64)
 _GATHER_MAX = 2**24
@@ -42,7 +44,7 @@ def has_table(loss) -> bool:
     """Whether `loss` is a :class:`PopulationLoss` whose sequences see θ only through the
     κ table (the ``"counts"`` and ``"sparse"`` layouts): :func:`table_hessian` and
     :func:`grad_hvp` apply to it."""
-    return isinstance(loss, PopulationLoss) and isinstance(loss.feats, (CountFeatures, SparseCountFeatures))
+    return isinstance(loss, PopulationLoss) and loss.member.has_table_hessian and loss.feats.has_table
 
 
 class _Table(eqx.Module):
@@ -51,14 +53,13 @@ class _Table(eqx.Module):
     :meth:`gather` (a flat table vector at a sequence's entries) and :meth:`scatter` (per-sequence
     values summed onto the flat table)."""
 
-    loss: PopulationLoss
+    fn: Callable
     rows: jax.Array
     shape: tuple[int, int] = eqx.field(static=True)
     by_row: bool = eqx.field(static=True)
 
     def __call__(self, w, C):
-        L = self.loss
-        return jnp.ravel(L._table(w, C) if self.by_row else L._sparse_table(w, C))
+        return self.fn(w, C)
 
     def gather(self, vec, rows):
         """``vec`` ``(E, ...)`` at a sequence's entries: ``(K, ...)``."""
@@ -82,13 +83,7 @@ class _Table(eqx.Module):
 
 
 def _table(loss: PopulationLoss) -> _Table:
-    f = loss.feats
-    m = loss.model
-    if isinstance(f, SparseCountFeatures):
-        shape = jax.eval_shape(loss._sparse_table, jnp.zeros((m.H, m.M)), jnp.zeros(len(m.subsets))).shape
-        return _Table(loss, f.Gs[:, None] * shape[1] + f.G, tuple(shape), False)
-    K = f.counts.shape[-1]
-    return _Table(loss, f.qcode, (K, K), True)
+    return _Table(*loss.feats.table_view(loss))
 
 
 def outer_derivatives(yhat, cond, eps, kind: str):

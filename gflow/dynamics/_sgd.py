@@ -14,7 +14,7 @@ Two ways to draw batches:
   gradient is the population gradient ∇L. They are drawn by
   :func:`gflow.data.sample_fast` (the data model's law exactly, by cheaper algorithms
   than the fixed sample's :func:`gflow.data.sample`), their window counts for all seeds
-  at once (:func:`_count_features_flat`); ``estimator.target = "drawn"`` uses each
+  at once (``gflow.core.features_time_major``); ``estimator.target = "drawn"`` uses each
   sequence's sampled ``x_{L+1}``, as ``make_loss`` does;
 - ``sampling = "fixed"``: batches are drawn *without replacement* from the flow's fixed
   sample (``make_loss``'s ``L̂_N``): epoch e is a random permutation of the N
@@ -47,16 +47,14 @@ import tqdm
 
 from ..config import Config, check_sgd_sampling
 from ..core import (
-    CountFeatures,
     Params,
     PopulationLoss,
     Sample,
-    features,
+    features_time_major,
     init_params,
     make_loss,
     resolve_layout,
     sample_fast_time_major,
-    window_code_count,
 )
 
 
@@ -130,25 +128,6 @@ def _scale(cfg: Config, dtype) -> Params:
     return Params(w=jnp.asarray(s.eta_w, dtype), C=jnp.asarray(s.eta_C, dtype), a=jnp.asarray(s.eta_a, dtype))
 
 
-def _count_features_flat(Xt, L: int, cond, model, dtype) -> CountFeatures:
-    """:func:`gflow.model.features` with ``layout="counts"`` for a batch of n sequences given
-    position-major, ``Xt`` ``(L, n)`` or ``(L+1, n)`` (a last row, the targets, is not read),
-    as the fresh sampler draws them: one flat scatter-add of the n·L (token, window) pairs
-    instead of a vmapped scatter per sequence (identical integers, whatever the order of
-    the additions; several times faster at n = 10³–10⁴; tested equal)."""
-    n = Xt.shape[1]
-    d = cond.shape[-1]
-    S = model.span
-    K = window_code_count(d, S)
-    X = Xt[:L]
-    Xp = jnp.concatenate([jnp.full((S, n), d, X.dtype), X], axis=0)  # x_j at row S + j − 1
-    # window of l = 1..L+1: (x_{l−1}, …, x_{l−S}), offset 1 most significant, padding d
-    codes = sum(Xp[S - i : S - i + L + 1] * (d + 1) ** (S - i) for i in range(1, S + 1))  # (L+1, n)
-    idx = (jnp.arange(n, dtype=X.dtype)[None, :] * (d * K) + X * K + codes[:L]).reshape(-1)
-    counts = jnp.zeros(n * d * K, dtype).at[idx].add(1.0).reshape(n, d, K)
-    return CountFeatures(qcode=codes[L], counts=counts, cond=cond.astype(dtype))
-
-
 def _fresh_features(cfg: Config, keys, B: int):
     """Features of B fresh sequences for every seed (``keys`` ``(R,)``, one key a seed
     and step): each seed's sequences from its own key (so seed r's batches do not depend
@@ -160,13 +139,9 @@ def _fresh_features(cfg: Config, keys, B: int):
     cond = cond.reshape(R * B, -1)
     if cfg.estimator.target == "drawn":  # the sampled x_{L+1}, as make_loss does
         cond = jax.nn.one_hot(tokens[L], cfg.data.d, dtype=cond.dtype)
-    layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model.span)
-    dtype = cfg.estimator.jdtype
-    if layout == "counts":
-        feats = _count_features_flat(tokens, L, cond, cfg.model, dtype)
-    else:
-        smp = Sample(X=tokens[:L].T, y=tokens[L], zq=zq.reshape(-1), cond=cond, pi=pi.reshape((R * B,) + pi.shape[2:]))
-        feats = features(smp, cfg.model, layout=layout, dtype=dtype)
+    layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model)
+    smp = Sample(X=tokens[:L].T, y=tokens[L], zq=zq.reshape(-1), cond=cond, pi=pi.reshape((R * B,) + pi.shape[2:]))
+    feats = features_time_major(tokens, smp, cfg.model, layout=layout, dtype=cfg.estimator.jdtype)
     return jax.tree.map(lambda x: x.reshape((R, B) + x.shape[1:]), feats)
 
 

@@ -121,7 +121,7 @@ def sample_bytes(config: Config) -> int:
     est, data, model = config.estimator, config.data, config.model
     N, d, M, L = est.N, data.d, model.span, data.L
     item = 8 if est.dtype == "float64" else 4
-    layout = resolve_layout(est.layout, d, M)
+    layout = resolve_layout(est.layout, d, model)
     if layout == "counts":
         return N * (d * (d + 1) ** M * item + 8 + d * item)
     if layout == "sparse":

@@ -182,7 +182,7 @@ def evaluate(
     for point, pcfg in points:
         est = pcfg.estimator
         smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
-        layout = resolve_layout(est.layout, pcfg.data.d, cfg.model.M)
+        layout = resolve_layout(est.layout, pcfg.data.d, cfg.model)
         feats = features(smp, cfg.model, layout=layout, dtype=est.jdtype)
         loss = PopulationLoss(
             feats=feats, model=cfg.model, eps=jnp.asarray(est.eps, est.jdtype), kind=est.loss, chunk=est.chunk

@@ -94,7 +94,7 @@ def estimate_memory(cfg: Config, *, replicates: int = 1, n_pi: int = 0) -> list[
     steps = int(d.burn_in) + L + 1
     parts.append(Part("the chain's tokens (N·(burn_in + L + 1))", R * (3 * N * steps * 4 + steps * 16),
                       ("estimator.N", "data.burn_in", "data.L")))  # fmt: skip
-    layout = resolve_layout(est.layout, dd, span)
+    layout = resolve_layout(est.layout, dd, m)
     span_keys = ("model.M",) if m.windows == "aligned" else ("model.M", "model.H")
     if layout == "counts":
         K1 = (dd + 1) ** span
