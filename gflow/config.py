@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 import equinox as eqx
 import numpy as np
 
-from .core import DataConfig, EstimatorConfig, InitConfig, ModelConfig
+from .core import MAX_RELABEL_D, DataConfig, EstimatorConfig, InitConfig, ModelConfig
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd", "modified", "sgd", "sde")
@@ -362,7 +362,7 @@ class Config(eqx.Module):
     def __check_init__(self):
         _check_limits(self.to_dict())  # before anything below computes a size from them
         m = self.model
-        if n_sets(m.H, m.D) > MAX_SETS:
+        if n_sets(m.H + (1 if m.family.token_component else 0), m.D) > MAX_SETS:
             raise ValueError(
                 f"model.H = {m.H} with model.D = {m.D} gives more than {MAX_SETS} selectable sets of heads "
                 f"(|𝒮| = Σ_(r <= D) C(H, r)); lower model.D or model.H"
@@ -389,13 +389,16 @@ class Config(eqx.Module):
                     f"schedule.t1): more than 2^53 steps of {self.solver.method_for('I')!r}"
                 )
         self._check_stochastic()
+        if self.estimator.relabel and self.data.d > MAX_RELABEL_D:
+            raise ValueError(f"estimator.relabel averages over the d! relabellings of the tokens and needs "
+                             f"data.d <= {MAX_RELABEL_D}, got data.d = {self.data.d}")  # fmt: skip
         if self.model.windows == "shifted" and self.schedule.kind == "staged" and self.schedule.events:
             # the Stage II event reads s^(h)_h (aligned windows); shifted head h's own offset is w[h-1, 0]
             raise ValueError(
                 "model.windows = 'shifted' with schedule.kind = 'staged' needs schedule.events = false "
                 "(the Stage II event is defined for aligned windows), or schedule.kind = 'joint'"
             )
-        if self.model.windows == "aligned" and self.model.H > self.model.M:
+        if self.model.span == self.model.M and self.model.H > self.model.M:  # heads start on their own offsets 1..H
             raise ValueError(
                 f"model.H must be <= model.M for the paper's initialisation, got H={self.model.H}, M={self.model.M}"
             )
@@ -525,6 +528,13 @@ _KEY_TYPES: dict[str, _Type] = {
     "model.norm": _STR,
     "model.head_norm": _BOOL,
     "model.windows": _STR,
+    "model.member": _STR,
+    "model.token_form": _STR,
+    "model.token_init": _FLOAT,
+    "model.value_init": _FLOAT,
+    "model.layernorm": _BOOL,
+    "model.proj_init": _FLOAT,
+    "model.omega0": _FLOAT,
     "init.w_plus": _FLOAT,
     "init.w_minus": _FLOAT,
     "init.c0": _FLOAT,
@@ -555,6 +565,7 @@ _KEY_TYPES: dict[str, _Type] = {
     "estimator.chunk": _INT,
     "estimator.shard": _BOOL,
     "estimator.target": _STR,
+    "estimator.relabel": _BOOL,
     "sgd.batch": _INT,
     "sgd.seeds": _INT,
     "sgd.seed": _INT,

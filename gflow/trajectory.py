@@ -47,12 +47,14 @@ import numpy as np
 
 from ._util import atomic_write_npz, atomic_write_text, rows_of_stage
 from .config import Config, from_dict
-from .core import subset_label, subsets
+from .core import member_of, subset_label
 
 _ARRAYS = (
     "ts", "stage", "w", "C", "a", "loss", "loss_se", "unseen",
     "grad_w", "grad_C", "grad_a", "grad_se_w", "grad_se_C", "grad_se_a", "grad_norm",
 )  # fmt: skip
+# the kinds of a member's extra arrays, per extra block b: x_b (θ), grad_x_b, grad_se_x_b
+_EXTRA_KINDS = ("x", "grad_x", "grad_se_x")
 
 
 # The arrays a stochastic run keeps per seed (every array but the shared times and stage codes).
@@ -106,6 +108,9 @@ class Trajectory:
     standard error of each component (`grad_se_*`); `grad_norm` ``‖∇L̂‖``.
     Plus `stages` (:class:`StageRecord`), the resolved `config`, `status`
     (``"complete"``, ``"running"``, ``"interrupted"`` or ``"failed: …"``),
+    a member's extra blocks `x` (``{block: (T, ...)}``; empty for the paper's model) with
+    their gradients `grad_x` and standard errors `grad_se_x` (stored as ``x_<block>``,
+    ``grad_x_<block>``, ``grad_se_x_<block>``),
     `versions`, `seed`, `wall` (seconds); `generation`, the number of saves
     so far; `controller`, the step-size controller's state after the last
     saved solve (``{"stage", "t", "state"}``, so a resumed run continues with
@@ -139,6 +144,40 @@ class Trajectory:
     controller: dict | None = None
     files: dict | None = None
     per_seed: dict[str, np.ndarray] | None = None
+    # a member's extra blocks (docs/guides/models.md): {block: (T, ...)} for θ, ∇L̂ and its SE
+    x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    grad_x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    grad_se_x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    # -- every array, the extra blocks' included ---------------------------------------------
+    @property
+    def array_names(self) -> tuple[str, ...]:
+        """The names of every array of the trajectory: :data:`_ARRAYS` and, per extra block b,
+        ``x_b``, ``grad_x_b``, ``grad_se_x_b``."""
+        return _ARRAYS + tuple(f"{k}_{b}" for b in sorted(self.x) for k in _EXTRA_KINDS)
+
+    def array(self, name: str) -> np.ndarray:
+        """The array `name` (:attr:`array_names`)."""
+        for k in _EXTRA_KINDS[::-1]:  # the longest prefix first
+            if name.startswith(k + "_") and name not in _ARRAYS:
+                return getattr(self, k)[name[len(k) + 1 :]]
+        return getattr(self, name)
+
+    def set_array(self, name: str, value) -> None:
+        for k in _EXTRA_KINDS[::-1]:
+            if name.startswith(k + "_") and name not in _ARRAYS:
+                getattr(self, k)[name[len(k) + 1 :]] = value
+                return
+        setattr(self, name, value)
+
+    @property
+    def member(self):
+        """The model's member of the family (``gflow.core.member_of(config.model)``)."""
+        return member_of(self.config.model)
+
+    def blocks(self, i=slice(None)) -> dict[str, np.ndarray]:
+        """θ's blocks by name at saved index (or slice) `i`: ``w``, ``C``, ``a`` and the extras."""
+        return {"w": self.w[i], "C": self.C[i], "a": self.a[i], **{b: v[i] for b, v in self.x.items()}}
 
     @property
     def integrated(self) -> bool:
@@ -168,9 +207,11 @@ class Trajectory:
         arrays, the same times, stages, configuration and status."""
         if self.per_seed is None:
             raise ValueError("seed_run: a deterministic run has no seed axis")
-        arrays = {k: getattr(self, k) for k in _ARRAYS}
-        arrays.update({k: np.asarray(v[r]) for k, v in self.per_seed.items()})
-        return dataclasses.replace(self, **arrays, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages])
+        out = dataclasses.replace(self, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages],
+                                  x=dict(self.x), grad_x=dict(self.grad_x), grad_se_x=dict(self.grad_se_x))  # fmt: skip
+        for k, v in self.per_seed.items():
+            out.set_array(k, np.asarray(v[r]))
+        return out
 
     def seed_mean(self) -> Trajectory:
         """The seed-mean trajectory alone (the ordinary arrays, ``per_seed = None``)."""
@@ -180,7 +221,7 @@ class Trajectory:
     def nonfinite(self) -> list[str]:
         """The arrays holding a NaN or an infinity (``[]`` for a sound trajectory). The standard errors
         are included: they are finite for every ``N >= 2``."""
-        return [k for k in _ARRAYS if not np.all(np.isfinite(getattr(self, k)))]
+        return [k for k in self.array_names if not np.all(np.isfinite(self.array(k)))]
 
     # -- derived ------------------------------------------------------------
     @property
@@ -189,7 +230,7 @@ class Trajectory:
 
     @property
     def subsets(self) -> tuple[tuple[int, ...], ...]:
-        return subsets(self.config.model.H, self.config.model.D)
+        return self.config.model.subsets
 
     @property
     def labels(self) -> list[str]:
@@ -201,16 +242,15 @@ class Trajectory:
 
     @property
     def c_frac(self) -> np.ndarray:
-        """``c_S/Σc``, ``(T, |𝒮|)``."""
-        c = self.C**2
-        return c / c.sum(-1, keepdims=True)
+        """``c_S/Σc``, ``(T, |𝒮|)``: the selector's shares (the member's, e.g. the official Full
+        model's over the sets that normalise κ; ``gflow.core.AbstractModel.shares``)."""
+        return np.asarray(self.member.shares(self.blocks()))
 
     @property
     def s(self) -> np.ndarray:
-        """Copier attention ``softmax(w^(h))``, ``(T, H, M)``."""
-        z = self.w - self.w.max(-1, keepdims=True)
-        e = np.exp(z)
-        return e / e.sum(-1, keepdims=True)
+        """Copier attention of the query ``softmax(w^(h))`` (the member's,
+        ``gflow.core.AbstractModel.query_attention``), ``(T, H, M)``."""
+        return np.asarray(self.member.query_attention(self.blocks()))
 
     @property
     def boundaries(self) -> list[float]:
@@ -222,25 +262,26 @@ class Trajectory:
 
     # -- building ------------------------------------------------------------
     @classmethod
-    def empty(cls, config: Config, H: int, M: int, nS: int) -> Trajectory:
+    def empty(cls, config: Config, H: int, M: int, nS: int, extra: dict | None = None) -> Trajectory:
+        """No saved row yet; `extra`: the member's extra blocks' shapes ``{block: shape}``."""
         z = {
             "ts": (0,), "stage": (0,), "w": (0, H, M), "C": (0, nS), "a": (0,), "loss": (0,),
             "loss_se": (0,), "unseen": (0,), "grad_w": (0, H, M), "grad_C": (0, nS), "grad_a": (0,),
             "grad_se_w": (0, H, M), "grad_se_C": (0, nS), "grad_se_a": (0,), "grad_norm": (0,),
         }  # fmt: skip
         arrays = {k: np.zeros(s, dtype=np.int32 if k == "stage" else np.float64) for k, s in z.items()}
-        return cls(**arrays, stages=[], config=config)
+        ex = {k: {b: np.zeros((0,) + tuple(sh)) for b, sh in (extra or {}).items()} for k in _EXTRA_KINDS}
+        return cls(**arrays, stages=[], config=config, **ex)
 
     def append(self, **arrays) -> None:
-        """Append saved rows (every array of :data:`_ARRAYS`, leading axis = rows)."""
-        for k in _ARRAYS:
-            setattr(
-                self, k, np.concatenate([getattr(self, k), np.asarray(arrays[k], getattr(self, k).dtype)])
-            )
+        """Append saved rows (every array of :attr:`array_names`, leading axis = rows)."""
+        for k in self.array_names:
+            old = self.array(k)
+            self.set_array(k, np.concatenate([old, np.asarray(arrays[k], old.dtype)]))
 
     def state(self, i: int = -1) -> dict[str, np.ndarray]:
-        """θ at saved index ``i``."""
-        return {"w": self.w[i], "C": self.C[i], "a": self.a[i]}
+        """θ at saved index ``i``: every block by name."""
+        return self.blocks(i)
 
 
 def _meta(traj: Trajectory) -> dict:
@@ -269,7 +310,7 @@ def save(traj: Trajectory, out: str | Path) -> Path:
     traj.generation += 1
     text = json.dumps(_meta(traj), indent=2, default=_json_default)
     seeds = {f"seed_{k}": v for k, v in (traj.per_seed or {}).items()}
-    atomic_write_npz(out / "trajectory.npz", **{k: getattr(traj, k) for k in _ARRAYS}, **seeds, meta=np.array(text))
+    atomic_write_npz(out / "trajectory.npz", **{k: traj.array(k) for k in traj.array_names}, **seeds, meta=np.array(text))
     atomic_write_text(out / "run.json", text)
     return out
 
@@ -280,6 +321,14 @@ def _json_default(x):
     if isinstance(x, np.ndarray):
         return x.tolist()
     raise TypeError(f"not JSON-serialisable: {type(x)}")
+
+
+def _extra_kind(name: str) -> str | None:
+    """Which kind of extra array an npz entry is (``"x"``, ``"grad_x"``, ``"grad_se_x"``), or ``None``."""
+    for k in _EXTRA_KINDS[::-1]:
+        if name.startswith(k + "_") and name not in _ARRAYS:
+            return k
+    return None
 
 
 def folder_error(path: Path, what: str) -> RunFolderError:
@@ -307,7 +356,8 @@ def load(out: str | Path) -> Trajectory:
             if missing:
                 raise folder_error(npz, f"is not a gflow trajectory: arrays {missing} are missing")
             arrays = {k: np.asarray(z[k]) for k in _ARRAYS}
-            per_seed = {k: np.asarray(z[f"seed_{k}"]) for k in SEED_ARRAYS if f"seed_{k}" in z.files}
+            extra = {k: {n[len(k) + 1 :]: np.asarray(z[n]) for n in z.files if _extra_kind(n) == k} for k in _EXTRA_KINDS}
+            per_seed = {n[5:]: np.asarray(z[n]) for n in z.files if n.startswith("seed_")}
             text = str(z["meta"][()]) if "meta" in z.files else None
     except RunFolderError:
         raise
@@ -336,12 +386,17 @@ def load(out: str | Path) -> Trajectory:
         raise folder_error(where, f"holds an invalid run configuration or stage list: {e}") from None
     T = len(arrays["ts"])
     bad = [k for k in _ARRAYS if arrays[k].ndim == 0 or len(arrays[k]) != T]
+    bad += [f"{k}_{b}" for k in _EXTRA_KINDS for b, v in extra[k].items() if v.ndim == 0 or len(v) != T]
+    if not (set(extra["x"]) == set(extra["grad_x"]) == set(extra["grad_se_x"])):
+        bad.append("x_* / grad_x_* / grad_se_x_* (not the same blocks)")
     if bad or meta.get("n_saved", T) != T:
         raise folder_error(
             npz, f"is inconsistent: {T} saved times, but arrays {bad} and n_saved = {meta.get('n_saved')}"
         )
-    if per_seed and (set(per_seed) != set(SEED_ARRAYS) or any(
-            v.shape[1:] != arrays[k].shape or v.shape[0] != per_seed["a"].shape[0] or v.shape[0] < 1
+    seed_names = set(SEED_ARRAYS) | {f"{k}_{b}" for k in _EXTRA_KINDS for b in extra[k]}
+    full = {**arrays, **{f"{k}_{b}": v for k in _EXTRA_KINDS for b, v in extra[k].items()}}
+    if per_seed and (set(per_seed) != seed_names or any(
+            v.shape[1:] != full[k].shape or v.shape[0] != per_seed["a"].shape[0] or v.shape[0] < 1
             for k, v in per_seed.items())):  # fmt: skip
         raise folder_error(npz, f"is inconsistent: its seed arrays {sorted(per_seed)} do not have the shapes (R, T, ...) "
                                 "of the trajectory's arrays")  # fmt: skip
@@ -360,6 +415,7 @@ def load(out: str | Path) -> Trajectory:
         generation=int(meta.get("generation", 0)),
         controller=meta.get("controller"),
         files=meta.get("files") if isinstance(meta.get("files"), dict) else None,
+        **extra,
     )
 
 

@@ -16,6 +16,7 @@ from ._data import sample_kernels as sample_kernels
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law
 from ._family import AbstractModel as AbstractModel
+from ._tables import AbstractWindowModel as AbstractWindowModel
 from ._features import LAYOUTS as LAYOUTS
 from ._features import CountFeatures as CountFeatures
 from ._features import HeadFeatures as HeadFeatures
@@ -25,6 +26,7 @@ from ._features import count_features_flat as count_features_flat
 from ._features import features as features
 from ._features import features_time_major as features_time_major
 from ._loss import EstimatorConfig as EstimatorConfig
+from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
 from ._loss import LossStats as LossStats
 from ._loss import PopulationLoss as PopulationLoss
 from ._loss import StageLoss as StageLoss

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ._ops import c_shares, softmax_any
 from ._registry import register
 from ._tables import (
     DIAGONAL_LOGIT,
@@ -81,21 +83,25 @@ class FullModel(AbstractWindowModel):
         return name if name in ("w", "C", "a") else "w"
 
     @property
+    def caches_selector(self) -> bool:
+        return True
+
+    @property
     def readout_blocks(self):
         return ("a",)
 
     def _normalising(self):
-        return jnp.asarray([0 not in S for S in self.model.subsets])
+        return np.asarray([0 not in S for S in self.model.subsets])
 
     def shares(self, blocks):
-        c = jnp.where(self._normalising(), blocks["C"] ** 2, 0.0)
-        return c / c.sum(-1, keepdims=True)
+        return c_shares(blocks["C"], self._normalising())
 
     def query_attention(self, blocks):
         # the query's attention over each head's M offsets (its diagonal, the zero vector, takes the rest)
         w = blocks["w"]
-        logits = jnp.concatenate([jnp.full(w.shape[:-1] + (1,), DIAGONAL_LOGIT, w.dtype), w], axis=-1)
-        return jax.nn.softmax(logits, axis=-1)[..., 1:]
+        xp = jnp if isinstance(w, jax.Array) else np
+        logits = xp.concatenate([xp.full(w.shape[:-1] + (1,), DIAGONAL_LOGIT, w.dtype), w], axis=-1)
+        return softmax_any(logits)[..., 1:]
 
     def heads_of(self, S):
         return tuple(h for h in S if h != 0)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from . import _paper
 from ._family import AbstractModel
 from ._model import ModelConfig
-from ._ops import sequence_loss
+from ._ops import c_shares, sequence_loss, softmax_any
 from ._registry import register
 
 # Largest number of padded windows (d+1)**span for which layout="auto" tabulates κ on window
@@ -105,11 +105,10 @@ class PaperModel(AbstractModel):
 
     # -- events and reports --------------------------------------------------------------------
     def shares(self, blocks):
-        c = blocks["C"] ** 2
-        return c / c.sum(-1, keepdims=True)
+        return c_shares(blocks["C"])
 
     def query_attention(self, blocks):
-        return jax.nn.softmax(blocks["w"], axis=-1)
+        return softmax_any(blocks["w"])
 
     def heads_of(self, S):
         return tuple(S)

@@ -15,9 +15,9 @@ value matrices and the LayerNorm.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
+from ._ops import c_shares, softmax_any
 from ._registry import register
 from ._tables import (
     AbstractWindowModel,
@@ -73,15 +73,18 @@ class ValueModel(AbstractWindowModel):
         return name if name in ("w", "C", "a") else "w"
 
     @property
+    def caches_selector(self) -> bool:
+        return True
+
+    @property
     def readout_blocks(self):
         return ("a",)
 
     def shares(self, blocks):
-        c = blocks["C"] ** 2
-        return c / c.sum(-1, keepdims=True)
+        return c_shares(blocks["C"])
 
     def query_attention(self, blocks):
-        return jax.nn.softmax(blocks["w"], axis=-1)
+        return softmax_any(blocks["w"])
 
     def heads_of(self, S):
         return tuple(S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 
@@ -48,3 +49,24 @@ def seqmap(fn, args: tuple, chunk: int = 0):
     chunks = jax.tree.map(prep, args)
     out = jax.lax.map(jax.checkpoint(lambda xs: jax.vmap(fn)(*xs)), chunks)
     return jax.tree.map(lambda o: o.reshape((n_chunks * chunk,) + o.shape[2:])[:N], out)
+
+
+def softmax_any(x):
+    """``softmax`` over the last axis: ``jax.nn.softmax`` of a JAX array, the same formula in
+    numpy for a numpy array (the trajectory's derived arrays are numpy)."""
+    if isinstance(x, jax.Array):
+        return jax.nn.softmax(x, axis=-1)
+    z = x - x.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def c_shares(C, normalising=None):
+    """``c_S/Σc`` (``c = C²``), the sum over the sets of `normalising` (a boolean mask; all by
+    default) and 0 on the others; numpy in, numpy out."""
+    c = C**2
+    if normalising is None:
+        return c / c.sum(-1, keepdims=True)
+    xp = jnp if isinstance(C, jax.Array) else np
+    c = xp.where(xp.asarray(normalising), c, 0.0)
+    return c / c.sum(-1, keepdims=True)

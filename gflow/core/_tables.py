@@ -40,6 +40,9 @@ LN_EPS = 1e-5
 OFFICIAL_FLOOR = 1e-24
 # the official first layer's logit on the diagonal (a position attending to itself)
 DIAGONAL_LOGIT = 1e-6
+# the most numbers (table entries × table parameters) for which the batch gradients go through
+# the κ table's Jacobian (256 MB in float64); above, one vector-Jacobian product a batch
+MAX_JACOBIAN = 2**25
 
 
 # ---------------------------------------------------------------------------
@@ -165,10 +168,29 @@ class AbstractWindowModel(AbstractModel):
         return self._table(p, W[q][None], W, d, lambda Vq, Vk: self.pair_kernel(p, Vq, Vk))[0]
 
     def _pullback(self, p, table_fn):
+        """``(table, pull)``: `pull` maps cotangents of the table with a leading batch axis to
+        the gradients of its blocks, through the table's Jacobian when it has at most
+        :data:`MAX_JACOBIAN` numbers (one matrix product for every batch: the batch standard
+        errors at the cost of a few gradients), else by one vector-Jacobian product a batch."""
         names = self.table_blocks(p)
         blocks = {b: p.get(b) for b in names}
-        table, vjp = jax.vjp(lambda tb: table_fn(p.with_blocks(tb)), blocks)
-        return table, lambda T: jax.vmap(lambda t: vjp(t.reshape(table.shape))[0])(T)
+        fn = lambda tb: table_fn(p.with_blocks(tb))  # noqa: E731
+        sizes = [int(np.prod(np.shape(blocks[b]))) for b in names]
+        table = fn(blocks)
+        E = table.size
+        if E * sum(sizes) > MAX_JACOBIAN:
+            _, vjp = jax.vjp(fn, blocks)
+            return table, lambda T: jax.vmap(lambda t: vjp(t.reshape(table.shape))[0])(T)
+        J = jax.jacfwd(fn)(blocks)
+        Jf = jnp.concatenate([J[b].reshape(E, n) for b, n in zip(names, sizes)], axis=-1)
+        offs = np.cumsum([0] + sizes)
+
+        def pull(T):
+            g = T.reshape(T.shape[0], E) @ Jf
+            return {b: g[:, offs[i] : offs[i + 1]].reshape((T.shape[0],) + np.shape(blocks[b]))
+                    for i, b in enumerate(names)}  # fmt: skip
+
+        return table, pull
 
     def counts_pullback(self, p, d):
         return self._pullback(p, lambda q: self.counts_table(q, d))[1]
@@ -238,10 +260,6 @@ class AbstractWindowModel(AbstractModel):
 
     def auto_layout(self, d: int) -> str:
         return table_layout(d, self.span)
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
 
     @property
     def has_table_hessian(self) -> bool:

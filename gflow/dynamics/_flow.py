@@ -35,7 +35,7 @@ import numpy as np
 
 from .._util import STAGE_CODES, cached_call, versions
 from ..config import Config, refuse_sgd
-from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
+from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss, member_of
 from ..trajectory import WRITING, StageRecord, Trajectory
 from ._solve import (
     COUNTS,
@@ -55,7 +55,11 @@ from ._solve import (
     stats_at,
 )
 
-_STAGES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
+
+def stage_blocks(cfg: Config, stage: str) -> tuple[str, ...]:
+    """The blocks stage `stage` (``"I"``, ``"II"``, ``"III"`` or ``"joint"``) trains: the model's
+    member declares them (``AbstractModel.stage_moves``; the paper's: C, w, a, all)."""
+    return member_of(cfg.model).stage_moves[stage]
 
 
 class FlowError(RuntimeError):
@@ -86,8 +90,7 @@ def stage_plan(cfg: Config) -> list[tuple[str, float]]:
 
 
 def params_from(traj: Trajectory, i: int, dtype) -> Params:
-    st = traj.state(i)
-    return Params(w=jnp.asarray(st["w"], dtype), C=jnp.asarray(st["C"], dtype), a=jnp.asarray(st["a"], dtype))
+    return Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in traj.state(i).items()})
 
 
 # The options of :func:`gflow.integrate` that both engines (the flow's, the stochastic methods')
@@ -140,7 +143,7 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
                 "or pass overwrite=True (`--overwrite`)"
             )
         if params0 is None:
-            params0 = init_params(cfg.model, cfg.init, dtype=dtype)
+            params0 = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=dtype)
         check_params(params0, cfg)
         if out is not None and overwrite:
             out.remove_stale()
@@ -154,13 +157,13 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         t = float(traj.ts[-1])
         wall0 = traj.wall
     else:
-        y = Params(**{b: jnp.asarray(getattr(params0, b), dtype) for b in ("w", "C", "a")})
+        y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
         t = 0.0
         wall0 = 0.0
         H, M = cfg.model.H, cfg.model.M
-        traj = Trajectory.empty(cfg, H, M, len(cfg.model.subsets))
+        traj = Trajectory.empty(cfg, H, M, len(cfg.model.subsets), {b: np.shape(v) for b, v in y.x.items()})
         traj.versions = versions()
-        _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
+        _append(traj, loss, np.zeros(1), {b: np.asarray(v)[None] for b, v in y.blocks().items()},
                 stage_index=index_of_stage(plan[0][0]))  # fmt: skip
 
     for name, duration in plan:
@@ -200,7 +203,7 @@ def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=
             return None  # nothing to extend
         rec.complete = False
     if rec is None:
-        rec = StageRecord(name=name, moves=list(_STAGES[name]), t0=t, t1=t)
+        rec = StageRecord(name=name, moves=list(stage_blocks(traj.config, name)), t0=t, t1=t)
         if name == "II":
             rec.selected = select(traj)
         traj.stages.append(rec)
@@ -208,9 +211,13 @@ def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=
 
 
 def check_params(p: Params, cfg: Config) -> None:
-    shapes = {"w": (cfg.model.H, cfg.model.M), "C": (len(cfg.model.subsets),), "a": ()}
-    for b, shape in shapes.items():
-        x = np.asarray(getattr(p, b))
+    ref = jax.eval_shape(lambda: init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=jnp.float64))
+    if set(p.names) != set(ref.names):
+        raise ValueError(f"params0 must have the blocks {ref.names} of model.member = {cfg.model.member!r}, "
+                         f"got {p.names}")  # fmt: skip
+    for b in ref.names:
+        shape = tuple(ref.get(b).shape)
+        x = np.asarray(p.get(b))
         if x.shape != shape or not np.all(np.isfinite(x)):
             raise ValueError(f"params0.{b} must be a finite array of shape {shape} for this model, got {x.shape}")
     if not np.any(np.asarray(p.C) != 0):
@@ -280,19 +287,22 @@ def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *,
         blk = {k: v[i : i + block] for k, v in ys.items()}
         m = len(blk["a"])
         blk = {k: np.concatenate([v, np.repeat(v[-1:], block - m, axis=0)]) for k, v in blk.items()}
-        st = jax.device_get(stats_at(loss, Params(**blk)))
+        st = jax.device_get(stats_at(loss, Params.from_blocks(blk)))
         parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
     append_rows(traj, ts, ys, jax.tree.map(lambda *xs: np.concatenate(xs), *parts), stage_index=stage_index)
 
 
 def append_rows(traj: Trajectory, ts: np.ndarray, ys: dict, st, *, stage_index: int) -> None:
     """Append saved states and their statistics (a numpy ``LossStats`` with a leading axis)."""
+    extra = {}
+    for b in st.grad.x:
+        extra.update({f"x_{b}": ys[b], f"grad_x_{b}": st.grad.x[b], f"grad_se_x_{b}": st.grad_se.x[b]})
     traj.append(
         ts=ts, stage=np.full(len(ts), stage_index), w=ys["w"], C=ys["C"], a=ys["a"],
         loss=st.loss, loss_se=st.loss_se, unseen=st.unseen,
         grad_w=st.grad.w, grad_C=st.grad.C, grad_a=st.grad.a,
         grad_se_w=st.grad_se.w, grad_se_C=st.grad_se.C, grad_se_a=st.grad_se.a,
-        grad_norm=st.grad_norm,
+        grad_norm=st.grad_norm, **extra,
     )  # fmt: skip
 
 
@@ -305,7 +315,7 @@ def _kept_rows(ts, ys: dict, t: float, y_np: dict, moves: tuple[str, ...]) -> tu
     nxt = np.concatenate([ts[1:], [np.inf]])
     keep = np.flatnonzero(np.isfinite(ts) & (ts > t) & ~(np.isfinite(nxt) & (nxt <= ts)))
     full = {b: (np.asarray(ys[b]) if b in moves else np.broadcast_to(y_np[b], (len(ts),) + np.shape(y_np[b])))[keep]
-            for b in ("w", "C", "a")}  # fmt: skip
+            for b in y_np}  # fmt: skip
     return ts[keep], full, all(np.all(np.isfinite(v)) for v in full.values())
 
 
@@ -354,9 +364,10 @@ class StageRun:
         self.y_np, self.t, self.t_end = y_np, t, t_end
         self.wall0, self.t_wall, self.verbose = wall0, t_wall, verbose
         self.name = rec.name
-        self.moves = _STAGES[rec.name]
+        self.moves = stage_blocks(cfg, rec.name)
+        self.member = member_of(cfg.model)
         self.index = index_of_stage(rec.name)
-        self.heads = tuple(rec.selected or ())
+        self.heads = self.member.heads_of(tuple(rec.selected or ()))
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
@@ -418,8 +429,9 @@ class StageRun:
             self.fail(_NOT_FINITE_AT_START, self.t)
             return False
         cfg = self.cfg
-        if self.event_stage is not None and float(event_value(self.name, self.y_np, cfg.schedule.delta,
-                                                               self.heads)) >= 0:  # fmt: skip
+        y0 = {b: jnp.asarray(v) for b, v in self.y_np.items()}
+        if self.event_stage is not None and float(event_value(self.name, y0, cfg.schedule.delta, self.heads,
+                                                               self.member)) >= 0:  # fmt: skip
             self.end("event")
             return False
         grid = save_grid(self.rec.t0, self.t_end, cfg)
@@ -439,7 +451,8 @@ class StageRun:
         i0 = min(int(np.searchsorted(traj.ts, self.rec.t0 * (1 - 1e-12))), len(traj.ts) - 1)
         st0 = traj.state(i0)
         dtype = self.cfg.estimator.jdtype
-        phi0 = event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads)
+        phi0 = event_coordinates(self.name, {b: jnp.asarray(st0[b], dtype) for b in self.moves}, self.heads,
+                                 self.member)
         return as_f64(self.rec.t0), phi0
 
     def solve_args(self) -> tuple[dict, float, float, np.ndarray]:
@@ -510,7 +523,7 @@ def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_
                wall0, t_wall):  # fmt: skip
     """One stage of one run (the single driver of :class:`StageRun`); raises its :class:`FlowError`."""
     dtype = cfg.estimator.jdtype
-    run = StageRun(traj, rec, cfg, {b: np.asarray(getattr(y, b)) for b in ("w", "C", "a")}, t, t_end, out,
+    run = StageRun(traj, rec, cfg, {b: np.asarray(v) for b, v in y.blocks().items()}, t, t_end, out,
                     wall0=wall0, t_wall=t_wall, verbose=verbose)  # fmt: skip
     # Checked before the (possibly long) solve: a non-finite field fails at once.
     sl, finite0 = stage_start(loss, y, run.moves)
@@ -520,7 +533,7 @@ def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_
         run.close()
     if run.error is not None:
         raise run.error
-    return Params(**{b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
+    return Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
 
 
 def _solves(run: StageRun, loss, sl, finite0) -> None:

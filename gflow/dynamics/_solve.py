@@ -16,7 +16,7 @@ import numpy as np
 import optimistix as optx
 
 from ..config import Config
-from ..core import Params, PopulationLoss, StageLoss, grad_hvp, has_table
+from ..core import Params, PopulationLoss, StageLoss, grad_hvp, has_table, member_of
 
 # ---------------------------------------------------------------------------
 # Vector field and events
@@ -24,9 +24,12 @@ from ..core import Params, PopulationLoss, StageLoss, grad_hvp, has_table
 
 
 def block_scales(cfg: Config, moves: tuple[str, ...], dtype) -> dict:
+    """The time scale Λ of every moving block: ``η_w``, ``η_C`` or ``η_a`` by the block's
+    group (a member's extra blocks belong to one of the three, ``AbstractModel.block_group``)."""
     # arrays, not static floats: runs that differ only in (η_w, η_C, η_a) share the compiled solve
     eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
-    return {b: jnp.asarray(eta[b], dtype) for b in moves}
+    group = member_of(cfg.model).block_group
+    return {b: jnp.asarray(eta[group(b)], dtype) for b in moves}
 
 
 # Vector-field evaluations. Two ways to count them:
@@ -104,11 +107,11 @@ class VectorField(eqx.Module):
             # linearised gradient below costs about 4.5). H is the whole θ's; Λ's mask
             # keeps the stage's blocks, so H(Λg) is the stage loss's Hessian times Λg.
             def direction(g: Params) -> Params:
-                return Params(**{b: (self.scale[b] * getattr(g, b) if b in x else jnp.zeros_like(getattr(g, b)))
-                                 for b in ("w", "C", "a")})  # fmt: skip
+                return Params.from_blocks({b: (self.scale[b] * g.get(b) if b in x else jnp.zeros_like(g.get(b)))
+                                           for b in g.names})  # fmt: skip
 
             g, hv = grad_hvp(sl.loss, sl.full(x), direction)
-            return {b: -self.scale[b] * getattr(g, b) - half * (self.scale[b] * getattr(hv, b)) for b in x}
+            return {b: -self.scale[b] * g.get(b) - half * (self.scale[b] * hv.get(b)) for b in x}
         g, hvp = jax.linearize(jax.grad(sl), x)
         lg = {b: self.scale[b] * g[b] for b in x}
         hlg = hvp(lg)
@@ -236,23 +239,25 @@ class LogC:
 # ---------------------------------------------------------------------------------------------------
 
 
-def event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...]):
-    """Real-valued event function, crossing zero upwards at the stage's event."""
+def event_value(stage: str, y: dict, delta: float, heads: tuple[int, ...], member):
+    """Real-valued event function, crossing zero upwards at the stage's event: Stage I, the
+    largest of the selector's shares reaches ``1 − δ`` (the model's member reads its shares,
+    ``c/Σc`` for the paper's); Stage II, the query's attention of every head h of the
+    selected set on its own offset h."""
     if stage == "I":
-        c = y["C"] ** 2
-        return jnp.max(c / c.sum()) - (1.0 - delta)
+        return jnp.max(member.shares(y)) - (1.0 - delta)
     # Stage II: every head h of the selected set attends to offset h.
-    s = jax.nn.softmax(y["w"], axis=-1)
-    return jnp.min(jnp.stack([s[h - 1, h - 1] for h in heads])) - (1.0 - delta)
+    s = member.query_attention(y)
+    own = member.model.own_offset_index
+    return jnp.min(jnp.stack([s[h - 1, own(h)] for h in heads])) - (1.0 - delta)
 
 
-def event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
-    """What a stage's event reads: ``c/Σc`` (Stage I) or the attention rows
+def event_coordinates(stage: str, y: dict, heads: tuple[int, ...], member):
+    """What a stage's event reads: the selector's shares (Stage I) or the attention rows
     ``s^(h)`` of the selected heads (Stage II)."""
     if stage == "I":
-        c = y["C"] ** 2
-        return c / c.sum()
-    s = jax.nn.softmax(y["w"], axis=-1)
+        return member.shares(y)
+    s = member.query_attention(y)
     return jnp.stack([s[h - 1] for h in heads])
 
 
@@ -261,7 +266,7 @@ def event_coordinates(stage: str, y: dict, heads: tuple[int, ...]):
 STEADY_FRACTION = 0.1
 
 
-def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
+def _steady_cond(stage: str, heads: tuple[int, ...], delta: float, member):
     """Boolean steady-state condition of a stage with an event (extension):
     ``diffrax.steady_state_event`` (max norm, ``atol = STEADY_FRACTION·δ``,
     ``rtol = 0``) applied to ``τ·dφ/dt``, and ``τ‖dφ/dt‖ < STEADY_FRACTION·‖φ − φ₀‖``,
@@ -295,7 +300,7 @@ def _steady_cond(stage: str, heads: tuple[int, ...], delta: float):
         t_stage0, phi0 = args
         tau = jnp.maximum(t - t_stage0, 0.0)
         f = terms.vf(t, y, args)
-        phi, dphi = jax.jvp(lambda y_: event_coordinates(stage, y_, heads), (y,), (f,))
+        phi, dphi = jax.jvp(lambda y_: event_coordinates(stage, y_, heads, member), (y,), (f,))
         rate = diffrax.ODETerm(lambda t_, y_, a_: tau * dphi)
         small = base(t, jnp.zeros_like(dphi), args, terms=rate, **kwargs)
         decelerated = tau * inf_norm(dphi) < STEADY_FRACTION * inf_norm(phi - phi0)
@@ -357,14 +362,15 @@ def solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_ste
         controller_state = (pid_state, dt0, _fresh_first())
     event = None
     if event_stage is not None:
-        fn = lambda t, y, args, **kw: event_value(event_stage, y, delta, heads)  # noqa: E731
+        member = vf.stage_loss.loss.member
+        fn = lambda t, y, args, **kw: event_value(event_stage, y, delta, heads, member)  # noqa: E731
         if method == "gd":
             # gradient descent stops at the first iterate where the condition holds
             event = diffrax.Event(lambda t, y, args, **kw: fn(t, y, args) >= 0)
         else:
             event = diffrax.Event(fn, root_finder=optx.Newton(rtol=1e-12, atol=1e-12), direction=True)
             if steady:
-                event = diffrax.Event([fn, _steady_cond(event_stage, heads, delta)], root_finder=event.root_finder,
+                event = diffrax.Event([fn, _steady_cond(event_stage, heads, delta, member)], root_finder=event.root_finder,
                                       direction=[True, None])  # fmt: skip
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf),

@@ -1,0 +1,273 @@
+"""What survives of the paper's three-stage picture in each member of the model family.
+
+What it shows
+-------------
+For every member (``model.member``; docs/guides/models.md) at the paper's default data
+(d = 3, parents (1, 2), α = 0.1, L = 100, stationary start) and at parents (1, 3), the
+paper's staged flow (Stage I the selector, II the first layer, III the classifier; the
+default durations and events) and, member by member:
+
+- the set the selector picks at the end of Stage I, its share, the parent offsets that set
+  reads (``AbstractModel.set_offsets``) and whether they are the true parents (= argmax Ĩ
+  here);
+- per head of that set, the query's attention mass on the true parent offsets at the end of
+  Stage II, and for the token-aware members how much a key's head output depends on its own
+  token (the mean over the sample's key windows of max_{e,e'} ‖v(e, window) − v(e', window)‖,
+  relative to the mean ‖v‖; 0 for a token-blind head);
+- the growth law of the classifier scale: the slope of a against log τ in Stage III, fitted
+  where a has left its plateau (a ≥ a₀ + log 2) and before it settles (τ·∂τa ≥ 0.2), for the
+  output-matrix member also of its temperature ω = mean diag W_O;
+- the loss at the end against the loss ladder's model-free rungs on the run's own sample:
+  Bayes, the GIH limit of the true parents (inf_a L_GIH), the context unigram (the GIH at
+  a = 0), each with its paired standard error;
+- the stage timings: where Stage I and II ended (event, steady or duration) and at what time.
+
+It writes ``--out``/``<member>_p<parents>/`` run folders (resumable), ``survival.json`` and
+prints the results page's table; ``--plot`` draws ``figures/survival.png``.
+
+Usage::
+
+    python3 scripts/studies/survival.py --N 4000                 # every member, both parent sets
+    python3 scripts/studies/survival.py --members paper,full --parents 1,2
+    python3 scripts/studies/survival.py --table-only             # from survival.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+import gflow
+from gflow.core import Params, make_loss, member_of
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# the members, each with the options it is studied at (the factorised token form and the
+# LayerNorm are the official code's choices)
+VARIANTS = {
+    "paper": {},
+    "token": {"token_form": "direct"},
+    "token_factorised": {"token_form": "factorised", "token_init": 0.1},
+    "value": {},
+    "value_ln": {"layernorm": True},
+    "full": {},
+    "absolute": {},
+    "residual": {},
+    "linear_query": {},
+    "linear_output": {},
+    "bilinear": {},
+}
+MEMBER = {"token_factorised": "token", "value_ln": "value"}
+
+
+def config_of(variant: str, parents, N: int, L: int) -> gflow.Config:
+    model = {"member": MEMBER.get(variant, variant), **VARIANTS[variant]}
+    return gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model)
+
+
+def _theta(tr, i) -> Params:
+    return Params.from_blocks({b: jnp.asarray(v) for b, v in tr.state(i).items()})
+
+
+def _end_of(tr, name: str) -> int:
+    idx = np.flatnonzero(tr.stage == {"I": 1, "II": 2, "III": 3}[name])
+    return int(idx[-1]) if idx.size else 0
+
+
+def head_offsets(model, h: int) -> list[int]:
+    """The offsets head h's M attention weights are on (aligned 1..M; the Full model's h..h+M−1)."""
+    first = 1 if model.span == model.M else h
+    return list(range(first, first + model.M))
+
+
+def token_dependence(member, theta, loss) -> list[float]:
+    """Per head: mean over the sample's key windows of max_{e,e'} ‖v(e, w) − v(e', w)‖ / mean ‖v‖
+    (0 when a key's head output does not read its own token)."""
+    if not member.own_token:
+        return [0.0] * member.model.H
+    d = loss.d
+    feats = loss.feats
+    from gflow.core._paper import sparse_windows
+
+    if feats.name == "counts":  # the windows present in the sample
+        present = np.flatnonzero(np.asarray(feats.counts).sum((0, 1)) > 0)
+        digits = np.array([[(k // (d + 1) ** (member.span - 1 - i)) % (d + 1) for i in range(member.span)] for k in present])
+    else:
+        W = sparse_windows(d, member.span)
+        present = np.unique(np.asarray(feats.G)[np.asarray(feats.counts).sum(1) > 0])
+        digits = W[present]
+    wins = jnp.asarray(np.repeat(digits, d, axis=0))
+    own = jnp.asarray(np.tile(np.arange(d), len(digits)))
+    V = np.asarray(member.vectors(theta, wins, own, query=False, d=d))  # (comps, n·d, dv)
+    V = V.reshape(V.shape[0], len(digits), d, -1)
+    heads = range(V.shape[0] - member.model.H, V.shape[0])
+    out = []
+    for c in heads:
+        diff = np.max(np.linalg.norm(V[c][:, :, None] - V[c][:, None, :], axis=-1), axis=(1, 2))
+        out.append(float(diff.mean() / max(np.linalg.norm(V[c], axis=-1).mean(), 1e-300)))
+    return out
+
+
+def growth_slope(tr, values, a0: float) -> tuple[float, float, float] | None:
+    """Slope of `values` against log τ over Stage III where a ≥ a₀ + log 2 and τ·∂τa ≥ 0.2."""
+    idx = np.flatnonzero(tr.stage == 3)
+    if idx.size < 4:
+        return None
+    t0 = tr.stages[-1].t0
+    tau = tr.ts[idx] - t0
+    a = tr.a[idx]
+    v = np.asarray(values)[idx]
+    ok = (tau > 0) & (a >= a0 + math.log(2))
+    if ok.sum() >= 3:
+        lt = np.log(tau)
+        dadlt = np.gradient(a, lt, edge_order=1) if len(a) > 2 else np.zeros_like(a)
+        ok &= dadlt >= 0.2
+    if ok.sum() < 3:
+        return None
+    x, y = np.log(tau[ok]), v[ok]
+    slope = float(np.polyfit(x, y, 1)[0])
+    return slope, float(tau[ok][0]), float(tau[ok][-1])
+
+
+def study_one(variant: str, parents, N: int, L: int, out: Path) -> dict:
+    cfg = config_of(variant, parents, N, L)
+    folder = out / f"{variant}_p{''.join(map(str, parents))}"
+    t0 = time.perf_counter()
+    try:
+        tr = gflow.load(folder)
+        if not tr.integrated:
+            tr = gflow.integrate(cfg, out=folder, resume=True)
+    except (FileNotFoundError, ValueError):
+        tr = gflow.integrate(cfg, out=folder, overwrite=True)
+    wall = time.perf_counter() - t0
+    model = cfg.model
+    member = member_of(model)
+    loss = make_loss(cfg.data, model, cfg.estimator)
+    i1, i2, i3 = _end_of(tr, "I"), _end_of(tr, "II"), len(tr.ts) - 1
+    S = tuple(tr.subsets[int(np.argmax(tr.c_frac[i1]))])
+    share = float(np.max(tr.c_frac[i1]))
+    offs = member.set_offsets(S)
+    s2 = np.asarray(tr.s[i2])
+    attn = {}
+    for h in member.heads_of(S):
+        o = head_offsets(model, h)
+        attn[h] = float(sum(s2[h - 1, j] for j, off in enumerate(o) if off in parents))
+    tok = token_dependence(member, _theta(tr, i2), loss)
+    slope = growth_slope(tr, tr.a, cfg.init.a0)
+    temp = None
+    if "O" in tr.x:
+        omega = np.mean(np.diagonal(tr.x["O"], axis1=-2, axis2=-1), axis=-1)
+        temp = {"omega_end": float(omega[-1]), "omega0": float(omega[0]),
+                "slope": (growth_slope(tr, omega, cfg.init.a0) or (None,))[0]}  # fmt: skip
+    lad = gflow.loss_ladder(loss, cfg.data, S=tuple(parents), params=_theta(tr, i3))
+    rungs = {k: (lad.mean(k), lad.se(k)) for k in ("bayes", "gih", "unigram", "flow")}
+    gaps = {f"flow-{k}": lad.gap("flow", k) for k in ("bayes", "gih", "unigram")}
+    stages = [{"name": r.name, "ended_by": r.ended_by, "t0": r.t0, "t1": r.t1, "nfev": r.nfev, "wall": r.wall}
+              for r in tr.stages]  # fmt: skip
+    return {
+        "variant": variant, "member": model.member, "options": VARIANTS[variant], "parents": list(parents),
+        "N": N, "L": L, "selected": list(S), "share": share, "offsets": None if offs is None else list(offs),
+        "parents_picked": offs is not None and tuple(offs) == tuple(parents),
+        "attention_on_parents": attn, "token_dependence": tok,
+        "a_end": float(tr.a[-1]), "slope": None if slope is None else slope[0],
+        "slope_window": None if slope is None else slope[1:], "temperature": temp,
+        "rungs": rungs, "gaps": gaps, "loss_end": float(tr.loss[-1]), "stages": stages, "wall": wall,
+        "extra_end": {b: float(np.linalg.norm(v[-1] - v[0])) for b, v in tr.x.items()},
+    }  # fmt: skip
+
+
+def table(results: list[dict]) -> str:
+    head = ("| member | parents | selector picks (share) | reads offsets | attention on parents, per head | "
+            "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end |")
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in results:
+        S = gflow.core.subset_label(tuple(r["selected"]))
+        offs = "—" if r["offsets"] is None else gflow.core.subset_label(tuple(r["offsets"]))
+        att = ", ".join(f"h{h}: {v:.3f}" for h, v in r["attention_on_parents"].items()) or "—"
+        tok = "—" if not any(r["token_dependence"]) else ", ".join(f"{v:.2g}" for v in r["token_dependence"])
+        sl = "—" if r["slope"] is None else f"{r['slope']:.2f}"
+        if r["temperature"] and r["temperature"]["slope"] is not None:
+            sl += f" (ω: {r['temperature']['slope']:.2f})"
+        g = {k: f"{m:+.4f} ± {se:.4f}" for k, (m, se) in r["gaps"].items()}
+        st = " / ".join(f"{s['ended_by']} {s['t1'] - s['t0']:.3g}" for s in r["stages"][:2])
+        mark = "" if r["parents_picked"] else " ✗"
+        lines.append(f"| {r['variant']} | ({','.join(map(str, r['parents']))}) | {S} ({r['share']:.3f}) | {offs}{mark} | "
+                     f"{att} | {tok} | {sl} | {g['flow-bayes']} | {g['flow-gih']} | {g['flow-unigram']} | {st} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], out: Path, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from _study import save_figure
+
+    parents_sets = sorted({tuple(r["parents"]) for r in results})
+    fig, axes = plt.subplots(len(parents_sets), 3, figsize=(16, 4.6 * len(parents_sets)), squeeze=False)
+    for row, P in enumerate(parents_sets):
+        rs = [r for r in results if tuple(r["parents"]) == P]
+        ax_c, ax_a, ax_l = axes[row]
+        for k, r in enumerate(rs):
+            tr = gflow.load(out / f"{r['variant']}_p{''.join(map(str, P))}")
+            col = plt.cm.tab20(k / max(1, len(rs) - 1))
+            S = tuple(r["selected"])
+            j = tr.subsets.index(S)
+            t = np.maximum(tr.ts, 1e-3)
+            ax_c.semilogx(t, tr.c_frac[:, j], color=col, label=f"{r['variant']}: {gflow.core.subset_label(S)}")
+            ax_a.semilogx(t, tr.a, color=col, label=r["variant"])
+            ax_l.bar(k, r["gaps"]["flow-bayes"][0], color=col)
+        gih = np.mean([r["rungs"]["gih"][0] - r["rungs"]["bayes"][0] for r in rs])
+        uni = np.mean([r["rungs"]["unigram"][0] - r["rungs"]["bayes"][0] for r in rs])
+        ax_l.axhline(gih, color="k", ls="--", lw=1, label="GIH limit of the parents")
+        ax_l.axhline(uni, color="gray", ls=":", lw=1, label="context unigram")
+        ax_l.set_xticks(range(len(rs)), [r["variant"] for r in rs], rotation=60, ha="right", fontsize=8)
+        ax_c.set(xlabel="t", ylabel="share of the set Stage I picked", title=f"parents {P}: the selector")
+        ax_a.set(xlabel="t", ylabel="a", title=f"parents {P}: the classifier scale")
+        ax_l.set(ylabel="L̂(end) − Bayes", title=f"parents {P}: the limit loss against the ladder")
+        ax_c.legend(fontsize=7, ncol=2)
+        ax_l.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--members", default=",".join(VARIANTS))
+    ap.add_argument("--parents", nargs="+", default=["1,2", "1,3"])
+    ap.add_argument("--N", type=int, default=4000)
+    ap.add_argument("--L", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "survival")
+    ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--plot", action="store_true")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    store = args.out / "survival.json"
+    results = json.loads(store.read_text()) if store.exists() else []
+    if not args.table_only:
+        for P in args.parents:
+            parents = tuple(int(x) for x in P.split(","))
+            for v in args.members.split(","):
+                results = [r for r in results if not (r["variant"] == v and tuple(r["parents"]) == parents)]
+                r = study_one(v, parents, args.N, args.L, args.out)
+                print(f"{v} {parents}: picks {r['selected']} ({r['share']:.3f}), offsets {r['offsets']}, "
+                      f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
+                results.append(r)
+                store.write_text(json.dumps(results, indent=1, default=float))
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    results.sort(key=lambda r: (tuple(r["parents"]), order.get(r["variant"], 99)))
+    print(table(results))
+    if args.plot:
+        plot(results, args.out, ROOT / "figures" / "survival.png")
+
+
+if __name__ == "__main__":
+    main()
