@@ -146,7 +146,7 @@ def cli_helps() -> dict[str, str]:
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = _COLUMNS
     try:
-        p = cli._parser()
+        p = cli.build_parser()
         out = {"gflow": p.format_help()}
         sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
         for name, sp in sub.choices.items():

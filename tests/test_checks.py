@@ -156,7 +156,7 @@ def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, ca
         return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
     monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))
-    monkeypatch.setattr(gflow.cli, "_record", lambda *a, **k: None)  # the folder holds no run to record into
+    monkeypatch.setattr(gflow.cli._outputs, "record", lambda *a, **k: None)  # the folder holds no run to record into
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paper verdict FAIL; gflow verdict PASS" in out and "S* = {2}" in out
