@@ -15,7 +15,7 @@ from gflow.checks._checks import Report, Row, check, contrast, linear_fit, log_s
 from gflow.config import from_dict
 from gflow.runs import check_run
 
-SMALL = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
+SMALL = Path(__file__).resolve().parents[1] / "scripts" / "configs" / "small.toml"
 ROW_KEYS = {"name", "claim", "predicted", "measured", "tolerance", "passed"}
 
 # n_pi: the Ĩ ranking of the small configuration has its top two 38 paired SE
@@ -26,7 +26,7 @@ N_PI = 500
 
 @pytest.fixture(scope="module")
 def checked_run(small_run, small_loss):
-    """The small staged flow (scripts/small.toml: d=3, L=40, N=2000; the
+    """The small staged flow (scripts/configs/small.toml: d=3, L=40, N=2000; the
     session's shared run, see conftest.py) checked with check_run."""
     traj, out = small_run
     report = check_run(out, loss=small_loss, n_pi=N_PI)
@@ -420,7 +420,7 @@ def test_another_parent_structure(tmp_path, small_config):
 
 @pytest.mark.slow
 def test_disagreeing_rankings_the_flow_follows_J(tmp_path, small_config):
-    """parents (1, 3), w₊ = 1, test size (scripts/small.toml otherwise), found
+    """parents (1, 3), w₊ = 1, test size (scripts/configs/small.toml otherwise), found
     with the theory alone: S* = argmax Ĩ = {1,3} (9.9 paired SE ahead of the
     runner-up at n_pi = 500) but argmax J = {3} on the run's sample (3.0 paired
     SE above {1,3}): the blurred copier at w₊ = 1 reads offset 1 badly, so at

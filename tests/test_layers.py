@@ -251,3 +251,20 @@ __version__
 def test_public_names():
     missing = [n for n in PUBLIC if not hasattr(gflow, n)]
     assert not missing, missing
+
+
+# The rooms of scripts/ (docs/architecture.md, "Outside the package"): nothing else at its top.
+SCRIPT_ROOMS = {"benchmarks", "studies", "configs"}
+MAX_LINES = 700
+
+
+def test_scripts_have_a_room_each():
+    top = PKG.parent / "scripts"
+    assert {p.name for p in top.iterdir() if not p.name.startswith(".")} == SCRIPT_ROOMS
+    assert all(p.suffix == ".toml" for p in (top / "configs").iterdir())
+    assert all(p.suffix == ".py" for room in ("benchmarks", "studies") for p in (top / room).iterdir() if p.is_file())
+
+
+def test_no_module_over_700_lines():
+    long = {str(p.relative_to(PKG.parent)): n for p, _ in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"

@@ -79,7 +79,7 @@ def uniform(key, shape, dtype=jnp.float64, minval=0.0, maxval=1.0):
     lo, hi = jnp.asarray(minval, dtype), jnp.asarray(maxval, dtype)
     # Kept for speed, not for fusion: it does not stop XLA from fusing the hash into
     # several consumers (see above), but the SGD step is measured 0.4–5 % faster with it
-    # (three paired runs of scripts/bench_joint.py --part sgd --devices 2).
+    # (three paired runs of scripts/benchmarks/bench_joint.py --part sgd --devices 2).
     return jax.lax.optimization_barrier(jnp.maximum(lo, floats * (hi - lo) + lo))
 
 

@@ -217,7 +217,7 @@ def _loop(stepper: _Stepper, P: Params, keys, k0, k1):
 
 # XLA:CPU hands reductions to the YNNPACK library by default; on this step's small
 # reductions (over 64 windows, 3 tokens) its own loops are faster: 2.97 → 2.60 ms a step
-# (scripts/bench_joint.py --part sgd). A compile option of these programs only.
+# (scripts/benchmarks/bench_joint.py --part sgd). A compile option of these programs only.
 _COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 

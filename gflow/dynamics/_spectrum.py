@@ -298,7 +298,7 @@ def hessian_spectrum(
     **Cost:** per state, the structured Hessian of the counts and sparse layouts (about
     11 gradients at the default), else one Hessian-vector product per moving
     coordinate (vmapped, about 44 gradients at the joint default), and a ``P × P``
-    ``eigh`` (README §M9 and ``scripts/bench_spectrum.py`` measure it in gradients).
+    ``eigh`` (README §M9 and ``scripts/benchmarks/bench_spectrum.py`` measure it in gradients).
 
     **Raises:** ``ValueError`` for rows outside the trajectory, a bad `vectors`,
     `max_times` or `batch`, or states whose shapes are not the model's.

@@ -24,7 +24,7 @@ pages), or the environment variable ``GFLOW_MAX_MEMORY`` when set (a size: ``64G
 ``500M``, ``1.5T``, a number of bytes; ``none`` turns the preflight off). The error names
 the keys of the largest parts and the estimate.
 
-**How close it is** (``scripts/preflight_calibrate.py``: the peak resident memory of a fresh
+**How close it is** (``scripts/benchmarks/preflight_calibrate.py``: the peak resident memory of a fresh
 process that builds the loss and takes one gradient and the loss statistics, minus its resident
 memory after importing gflow; float64, 2 CPU cores): the estimate is an upper bound within a
 factor of 1.1–1.7 — default run 0.72 GB estimated / 0.64 GB measured; ``N = 10⁵`` 1.80 / 1.15;

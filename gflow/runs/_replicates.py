@@ -62,7 +62,7 @@ size: each distinct batch size compiles once (as long as a single run's).
 
 *Speed.* On a CPU the gain is modest at best: one evaluation of the vector
 field already vectorises over the N sequences (its cost per sequence is the
-same at N = 10⁴ as at 10⁵, scripts/bench_scale.py), so batching only saves
+same at N = 10⁴ as at 10⁵, scripts/benchmarks/bench_scale.py), so batching only saves
 the fixed per-step overhead, while a batch pays for its slowest replicate
 (the batched loop runs until every replicate is done) and, under ``vmap``,
 for both branches of the solver's data-dependent conditionals (measured on

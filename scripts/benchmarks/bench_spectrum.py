@@ -24,8 +24,8 @@ layout by JAX's Hessian-vector products.
 
 Usage::
 
-    python scripts/bench_spectrum.py            # the default, N = 10^4
-    python scripts/bench_spectrum.py --published --reps 15
+    python scripts/benchmarks/bench_spectrum.py            # the default, N = 10^4
+    python scripts/benchmarks/bench_spectrum.py --published --reps 15
 """
 
 from __future__ import annotations
