@@ -244,7 +244,8 @@ DataConfig EstimatorConfig FlowError InitConfig LossStats ModelConfig Params Pop
 SDEConfig SGDConfig SGDRun Sample Theory Trajectory check check_run evaluate format_theory init_params
 integrate integrate_batch load load_config loss_ladder make_loss merge_shards plot_run run_phase
 run_replicates run_sweep sample sde sgd stationary_window subsets theory_report window_law Config
-__version__
+StageIIILaw ChiSquaredRanking StageIRates Stage1Duration Ladder StageRecord RunFolderError Row EvalResult
+SweepResult PhaseResult Replicates __version__
 """.split()
 
 

@@ -56,7 +56,7 @@ import time
 
 from .._util import linear_fit, log_slope, power_exponent
 from ..core import PopulationLoss, make_loss
-from ..theory import Theory, theory_report
+from ..theory import Theory, theory_report, unrepresented_parents
 from ..trajectory import Trajectory, selected_set
 from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
@@ -185,6 +185,9 @@ def check(
     if sel is not None:
         theory = theory.with_law(loss, sel)
     ctx = Ctx(traj, theory, loss, k_se)
+    unrep = unrepresented_parents(cfg.data, cfg.model)
+    if unrep is not None:
+        ctx.notes.append(f"warning: {unrep}")
     if not traj.integrated:
         ctx.notes.append(f"run status {traj.status!r}: rows of unfinished stages are undecided or skipped")
     row_finite(ctx)
@@ -200,7 +203,7 @@ def check(
     rows_stage3(ctx)
     rows_ladder(ctx)
     rows_laws(ctx)
-    ctx.notes.extend(f"theory: {n}" for n in theory.notes)
+    ctx.notes.extend(f"theory: {n}" for n in theory.notes if n != unrep)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(
         rows=ctx.rows,

@@ -178,6 +178,7 @@ class Report:
                 f"C* = {table_cell(t.get('C_star'))}, window = {table_cell(t.get('window'))}, a* = {table_cell(t.get('a_star'))}, "
                 f"inf L_GIH = {table_cell(t.get('limit_loss'))}"
             )
+        out += [n for n in self.notes if n.startswith("warning: ")]
         v = self.verdict
         for claim, key in (("finite", "gflow"), ("paper", "paper")):
             rows = [x for x in self.rows if (x.claim == "paper") == (claim == "paper")]

@@ -34,7 +34,7 @@ def rows_ladder(ctx: Ctx) -> None:
     theta = Params(w=jnp.asarray(tr.w[-1], dt), C=jnp.asarray(tr.C[-1], dt), a=jnp.asarray(tr.a[-1], dt))
     try:
         lad = loss_ladder(ctx.loss, ctx.cfg.data, S=S, params=theta, a_gih=None if law is None else law.a_limit,
-                          pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator))  # fmt: skip
+                          pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator), estimator=ctx.cfg.estimator)  # fmt: skip
     except ValueError as e:  # parents beyond the counts layout's window
         ctx.skip("loss ladder", str(e))
         return

@@ -235,7 +235,7 @@ def _row_ce_approach(ctx: Ctx) -> None:
         why = "fewer than 6 saved points in the last decade"
     ctx.add(
         decided_row(
-            name, 1.0, float(p), f"[0.8, 1.25]; K = lim e^a F = {tail.K:.3g} > 0, no zero of F on [0, {law.a[-1]:g}]",
+            name, 1.0, float(p), f"[0.8, 1.25]; K = lim e^a F = {tail.K:.3g} > 0, no zero of F on [0, {law.a_grid[-1]:g}]",
             claim="finite", rule=("interval", 0.8, 1.25), wrong=0.5, why_not=why,
         )
     )  # fmt: skip

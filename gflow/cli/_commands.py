@@ -52,7 +52,7 @@ def _saved_config(out: Path, replicates: bool):
 
 
 def cmd_run(args) -> int:
-    from ..config import LIMITS, load_config, refuse_sgd, warnings_for
+    from ..config import LIMITS, load_config, refuse_sgd
     from ..runs import check_output, fmt_bytes, lock, preflight
 
     out = Path(args.out)
@@ -85,7 +85,10 @@ def cmd_run(args) -> int:
     elif args.replicates_batch is not None:
         raise ValueError("--replicates-batch needs --replicates R")
     need, avail, where = preflight(cfg, replicates=batch)  # before any compute or folder
+    warnings = _warnings(cfg)
     if args.dry_run:
+        for w in warnings:
+            print(f"gflow run: warning: {w}", file=sys.stderr)
         check_output_dry(out)
         room = "no limit" if avail is None else f"{fmt_bytes(avail)} available ({where})"
         print(f"gflow run: dry run: configuration valid; memory estimate {fmt_bytes(need)}"
@@ -93,11 +96,20 @@ def cmd_run(args) -> int:
         return EXIT_OK
     if args.replicates is not None:
         return _run_replicates(args, cfg, out)
-    for w in warnings_for(cfg):
+    for w in warnings:
         print(f"gflow run: warning: {w}", file=sys.stderr)
     check_output(out)  # before any compute: a file, under a file, read-only
     with lock(out):  # held through the run, its report and its figures
         return _run(args, cfg, out)
+
+
+def _warnings(cfg) -> list[str]:
+    """What ``gflow run`` (and its dry run) warns about a valid configuration (exit status unchanged)."""
+    from ..config import warnings_for
+    from ..theory import unrepresented_parents
+
+    unrep = unrepresented_parents(cfg.data, cfg.model)
+    return warnings_for(cfg) + ([unrep] if unrep else [])
 
 
 def check_output_dry(out: Path) -> None:
@@ -161,14 +173,16 @@ def _run(args, cfg, out: Path) -> int:
 def cmd_theory(args) -> int:
     from ..config import load_config
     from ..runs import preflight
-    from ..theory import format_theory, theory_report
+    from ..theory import format_theory, theory_report, unrepresented_parents
 
     if not 1 <= args.n_pi <= 10**7:
         raise ValueError(f"--n-pi must be an integer in [1, 10000000], got {args.n_pi}")
     cfg = load_config(args.config)
     preflight(cfg, n_pi=args.n_pi)  # before any compute
-    sc = cfg.schedule
-    rep = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=args.n_pi, eta_C=sc.eta_C, delta=sc.delta)
+    unrep = unrepresented_parents(cfg.data, cfg.model)
+    if unrep:
+        print(f"gflow theory: warning: {unrep}", file=sys.stderr)
+    rep = theory_report(cfg, n_pi=args.n_pi)
     print(json.dumps(rep.to_json(), indent=2) if args.json else format_theory(rep))
     return EXIT_OK
 

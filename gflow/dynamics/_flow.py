@@ -356,7 +356,7 @@ class StageRun:
         self.name = rec.name
         self.moves = _STAGES[rec.name]
         self.index = index_of_stage(rec.name)
-        self.heads = tuple(rec.selected or ())
+        self.heads = tuple(rec.selected or ()) if rec.name == "II" else ()
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
@@ -406,6 +406,8 @@ class StageRun:
     def end(self, ended_by: str) -> None:
         rec = self.rec
         rec.ended_by, rec.complete, rec.t1 = ended_by, True, self.t
+        if rec.name in ("I", "joint"):  # the stage that selects records what it selected
+            rec.selected = stage1_selection(self.traj)
         self._clock()
 
     def close(self) -> None:

@@ -332,7 +332,7 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
     x_lo = min(0.0, float(np.min(a_meas))) if a_meas is not None else 0.0
     top = []
     if s3 is not None:
-        a = s3.a
+        a = s3.a_grid
         Fe, Fse = s3.Fexp, s3.Fexp_se
         m = a <= x_hi
         ax.fill_between(

@@ -134,7 +134,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
             )
         _ladder_lines(ax, theory)
         if s3 is not None and seg.rec.name in ("III", "joint"):
-            ag, Lg = s3.a, s3.L
+            ag, Lg = s3.a_grid, s3.L
             aa = traj.a[idx]
             ok = (aa >= ag[0]) & (aa <= ag[-1])
             ax.plot(

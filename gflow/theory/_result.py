@@ -264,7 +264,7 @@ def law_to_json(law: StageIIILaw) -> dict:
         "limit_loss_se": _f(law.limit_loss_se),
         "a_limit": _f(law.a_limit),
         "a_limit_is_inf": math.isinf(law.a_limit),
-        "curve": {k: _fl(getattr(law, k)) for k in ("a", "F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
+        "curve": {"a": _fl(law.a_grid), **{k: _fl(getattr(law, k)) for k in ("F", "F_se", "Fexp", "Fexp_se", "L", "L_se")}},
     }
 
 
@@ -273,7 +273,8 @@ def law_from_json(d: dict) -> StageIIILaw:
     c = d["curve"]
     return StageIIILaw(
         S=_S(d["S"]),
-        **{k: _arr(c[k]) for k in ("a", "F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
+        a_grid=_arr(c["a"]),
+        **{k: _arr(c[k]) for k in ("F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
         C_star=float(d["C_star"]),
         C_star_se=float(d.get("C_star_se") or 0.0),
         a_C_star=float(d["a_C_star"]),
@@ -374,8 +375,8 @@ class Theory:
             return self
         ref = next(iter(self.laws.values()), None)
         if n_grid is None:
-            n_grid = 601 if ref is None else ref.a.size
-            a_max = a_max if ref is None else float(ref.a[-1])
+            n_grid = 601 if ref is None else ref.a_grid.size
+            a_max = a_max if ref is None else float(ref.a_grid[-1])
         law = stage3_law(make_gih(loss, S), a_max=a_max, n_grid=n_grid)
         return dataclasses.replace(self, laws={**self.laws, S: law})
 

@@ -57,6 +57,30 @@ def _window_size(cfg: DataConfig, sets) -> int:
     return max(H, cfg.m) + 1
 
 
+def unrepresented_parents(data_cfg: DataConfig, model_cfg: ModelConfig) -> str | None:
+    """A warning when the true parents ``data.parents`` are no selector set of the model (``None``
+    when they are one): 𝒮 holds the sets of at most ``D`` heads of ``1..H``, head h reading its
+    own offset h, so parents with an offset beyond ``H`` (e.g. ``[1, 4]`` at the default
+    ``H = M = 3``) or more than ``D`` of them cannot be represented, and Stage I, the Ĩ ranking
+    and every check choose among sets that each miss a parent. A legitimate experiment (nothing
+    refuses it; the exit status does not change): ``gflow run --dry-run``, ``gflow theory`` and
+    the check report print it."""
+    P = tuple(int(p) for p in data_cfg.parents)
+    if P in model_cfg.subsets:
+        return None
+    H, D = model_cfg.H, model_cfg.D
+    why = []
+    beyond = [p for p in P if p > H]
+    if beyond:
+        why.append(f"no head reads offset {', '.join(map(str, beyond))}: head h reads offset h, h ≤ H = {H}")
+    if len(P) > D:
+        why.append(f"{len(P)} parents, at most D = {D} heads a set")
+    need = f"model.H = model.M = {max(max(P), H)}, model.D = {max(len(P), D)}"
+    return (f"the true parents data.parents = {list(P)} are no selector set of the model ({'; '.join(why)}): "
+            f"no S of 𝒮 represents them, and Stage I and the Ĩ ranking choose among sets that each miss a "
+            f"parent (a legitimate experiment; {need} would represent them)")
+
+
 def chi2_mi(
     pi: Float[Array, "K d"], cfg: DataConfig, sets
 ) -> tuple[Float[Array, " nS"], Float[Array, " nS"]]:

@@ -111,7 +111,7 @@ def _measure(args, data0, est, S, L, key) -> tuple[dict, tuple]:
         blk = jax.tree.map(lambda x, r=r: x[r * args.N : (r + 1) * args.N], smp)
         gih = make_gih(blk, S, eps=float(est.eps), kind=est.loss)
         laws.append(stage3_law(gih, a_max=args.a_max))
-    curve = (laws[0].a, laws[0].Fexp, laws[0].a_star)
+    curve = (laws[0].a_grid, laws[0].Fexp, laws[0].a_star)
     nan = lambda v: np.nan if v is None else v
     vals = {
         "a_star": [nan(w.a_star) for w in laws],
