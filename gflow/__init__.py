@@ -36,11 +36,13 @@ from .checks import Row as Row
 from .checks import check as check
 from .config import Config as Config
 from .config import load_config as load_config
+from .dynamics import DenseSolution as DenseSolution
 from .dynamics import FlowError as FlowError
 from .dynamics import SDEConfig as SDEConfig
 from .dynamics import SGDConfig as SGDConfig
 from .dynamics import SGDRun as SGDRun
 from .dynamics import Spectrum as Spectrum
+from .dynamics import dense_solution as dense_solution
 from .dynamics import hessian_spectrum as hessian_spectrum
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde

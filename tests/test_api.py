@@ -147,12 +147,72 @@ def test_unrepresented_parents_warn_in_dry_run_theory_and_report(tmp_path, capsy
     assert not any(n.startswith("theory: the true parents") for n in rep.notes)  # said once
 
 
-def test_joint_run_stopped_early_leaves_the_limit_rows_undecided():
+JOINT = gflow.Config().replace(**TINY, schedule={"kind": "joint", "t1": 2.0}, solver={"save_per_decade": 4})
+SAVE_AT = [0.0123, 0.5, 1.37]
+
+
+@pytest.fixture(scope="module")
+def joint_runs():
+    """A joint run stopped at t₁ = 2 (L = 20, N = 200), without and with explicit save times."""
+    return gflow.integrate(JOINT), gflow.integrate(JOINT.replace(solver={"save_times": SAVE_AT}))
+
+
+def test_save_grid_takes_explicit_times():
+    """``solver.save_times`` adds each time to the grid of the stage that holds it (beside the log
+    grid, which is unchanged), none outside it; GD rounds them to iterates like every saved time."""
+    from gflow.dynamics._solve import save_grid
+
+    base = gflow.Config().replace(solver={"save_per_decade": 3})
+    g0 = save_grid(5.0, 105.0, base)
+    g = save_grid(5.0, 105.0, base.replace(solver={"save_times": [1.0, 7.77, 50.0, 105.0, 200.0]}))
+    assert set(g) == set(g0) | {7.77, 50.0} and np.all(np.diff(g) > 0)
+    gd = save_grid(0.0, 10.0, base.replace(solver={"method": "gd", "eta": 0.5, "save_times": [3.3]}))
+    assert 3.5 in gd and np.allclose(gd / 0.5, np.round(gd / 0.5))
+    with pytest.raises(ValueError, match=r"solver.save_times must be a list of finite times > 0"):
+        gflow.Config().replace(solver={"save_times": [0.0]})
+    with pytest.raises(ValueError, match=r"solver.save_times must be empty for solver.method = 'sgd'"):
+        gflow.Config().replace(schedule={"kind": "joint"}, solver={"method": "sgd", "save_times": [1.0]})
+
+
+def test_save_times_and_the_dense_solution_agree(joint_runs):
+    """The run saves every explicit time; the dense solution of the run without them gives the
+    same state there to the solver's tolerance (rtol 1e-8), and a saved time exactly."""
+    plain, timed = joint_runs
+    assert set(SAVE_AT) <= set(timed.ts.tolist()) and len(timed.ts) == len(plain.ts) + len(SAVE_AT)
+    sol = gflow.dense_solution(plain)
+    got = sol.evaluate(SAVE_AT)
+    rows = [int(np.flatnonzero(timed.ts == t)[0]) for t in SAVE_AT]
+    for b in ("w", "C", "a"):
+        np.testing.assert_allclose(got[b], getattr(timed, b)[rows], rtol=1e-6, atol=1e-8)
+    i = len(plain.ts) // 2
+    assert sol.a(plain.ts[i]) == plain.a[i] and sol.evaluate(plain.ts[i])["w"].shape == plain.w[i].shape
+    with pytest.raises(ValueError, match=r"times must lie in \[0, 2\]"):
+        sol.evaluate(2.5)
+    with pytest.raises(ValueError, match="is an iteration"):
+        gflow.dense_solution(gflow.integrate(JOINT.replace(solver={"method": "gd", "eta": 0.5})))
+
+
+def test_dense_solution_of_a_staged_run(small_run):
+    """Between two saved times of each stage the dense solution from the earlier one reaches the
+    later one's saved state (within the solver's tolerance), the frozen blocks exactly."""
+    traj, _ = small_run
+    sol = gflow.dense_solution(traj)
+    for st in traj.stages:
+        rows = np.flatnonzero((traj.ts > st.t0) & (traj.ts <= st.t1))[3::9][:3]
+        just_before = traj.ts[rows] * (1 - 1e-13)  # not a saved time: integrated from the row before
+        got = sol.evaluate(just_before)
+        for b in ("w", "C", "a"):
+            np.testing.assert_allclose(got[b], getattr(traj, b)[rows], rtol=1e-6, atol=1e-9)
+        frozen = {"I": ("w", "a"), "II": ("C", "a"), "III": ("w", "C")}[st.name]
+        for b in frozen:
+            np.testing.assert_array_equal(got[b], getattr(traj, b)[rows - 1])
+
+
+def test_joint_run_stopped_early_leaves_the_limit_rows_undecided(joint_runs):
     """A joint run stopped at t₁ = 2 (L = 20, N = 200) is far from a*: the GIH law itself from a₀
     reaches a* only later, so "a at end vs a*" and the limit loss are undecided, saying why, and
     the gflow verdict is not failed by a run that is simply short."""
-    cfg = gflow.Config().replace(**TINY, schedule={"kind": "joint", "t1": 2.0}, solver={"save_per_decade": 4})
-    rep = gflow.check(gflow.integrate(cfg), n_pi=50)
+    rep = gflow.check(joint_runs[0], n_pi=50)
     a_row = rep.row("III: a at end vs a* (selected set)")
     lim = rep.row("limit loss: L̂ at end vs inf_a L_GIH (selected set)")
     assert a_row.passed is None and "the run is too short" in a_row.tolerance and "reaches a* ± tol/4 only at" in a_row.tolerance
