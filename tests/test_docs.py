@@ -76,6 +76,9 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "__main__"}
+    blocks = [code for code, skipped in python_blocks(page.read_text()) if not skipped]
+    # a page's examples check what they show (an exception in a block fails the test)
+    assert any("assert " in code for code in blocks), f"{page.name}: its examples assert nothing of what they show"
     try:
         for k, (code, skipped) in enumerate(python_blocks(page.read_text())):
             if not skipped:
