@@ -8,6 +8,8 @@ they cannot drift from it.
   classes' docstrings).
 - ``<!-- gflow:cli -->`` becomes ``gflow --help`` and every subcommand's ``--help``
   (:func:`cli_markdown`), printed by the argparse parser itself.
+- ``<!-- gflow:symbols -->`` becomes the table of every symbol a check report uses
+  (:func:`symbols_markdown`, the legend ``report.md`` ends with).
 - every ``docs/examples/*.py`` (jupytext percent format) becomes a page
   ``examples/<name>.md`` (:func:`render_example`): markdown cells as text, code cells as
   code followed by what they printed and the figures they drew. The examples are executed
@@ -274,9 +276,18 @@ def on_files(files, config):
     return files
 
 
+def symbols_markdown() -> str:
+    """The rows ``| symbol | meaning |`` of every symbol a check report can use
+    (``gflow.checks._report.SYMBOLS``, the legend ``report.md`` ends with)."""
+    from gflow.checks._report import SYMBOLS
+
+    return "\n".join(f"| {_cell(k)} | {_cell(v)} |" for k, v in SYMBOLS.items()) + "\n"
+
+
 _MARKERS: dict[str, typing.Callable[[], str]] = {
     "<!-- gflow:config-keys -->": config_keys_markdown,
     "<!-- gflow:cli -->": cli_markdown,
+    "<!-- gflow:symbols -->": symbols_markdown,
 }
 
 
