@@ -165,7 +165,7 @@ class SolverConfig(eqx.Module):
       only the moving block, so its Jacobian is small) or ``"gd"``
       (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
-      ``"modified"`` (extension, README §M9): GD's first-order modified flow
+      ``"modified"`` (extension, docs/theory/mathematics.md §M9): GD's first-order modified flow
       ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``eta`` (``g = ∇L̂``, ``H = ∇²L̂``
       through a Hessian-vector product: about two gradients per evaluation in the counts
       and sparse layouts, docs/theory/mathematics.md §M9), integrated by Tsit5 like the flow with the

@@ -1,5 +1,5 @@
 """The Hessian spectrum along a trajectory, GD's stability edge and GD's modified flow
-(README §M9)."""
+(docs/theory/mathematics.md §M9)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ exactly what ``jax.random.uniform`` and ``jax.random.normal`` compute for a Thre
 same counters, hash and bit-to-float map, so the same numbers, bit for bit (tested).
 For any other key implementation, or with that flag off, they call ``jax.random``.
 
-Used by the fresh-sequence sampler of online SGD (:func:`gflow.data.sample_fast`),
+Used by the fresh-sequence sampler of online SGD (:func:`gflow.core._data.sample_fast`),
 where drawing the random numbers was a third of a step.
 """
 

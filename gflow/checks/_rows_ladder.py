@@ -1,5 +1,5 @@
 """Check-report rows of the loss ladder (docs/theory/mathematics.md §M8.3): the flow's loss at the
-end on the ladder of the run's own sample (:mod:`gflow.ladder`)."""
+end on the ladder of the run's own sample (:mod:`gflow.theory._ladder`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Report rows from the laws per model (:mod:`gflow.laws`; docs/theory/mathematics.md §M8.7).
+"""Report rows from the laws per model (:mod:`gflow.theory._laws`; docs/theory/mathematics.md §M8.7).
 
 - Stage I for a run the sum-norm linearisation does not cover (``norm =
   "layer"``): the rates at t = 0 and the selected set from the model's own

@@ -267,7 +267,7 @@ def _row_force(ctx: Ctx, d: _S3) -> None:
 def _frozen_zeros(ctx: Ctx, d: _S3) -> tuple[float | None, float | None]:
     """``a°``: the zero of the model's force ``−∂L̂/∂a`` at the end's (w, C) that
     Stage III's one-dimensional flow from its start settles at
-    (:func:`~gflow._check_base.model_zero`), and the same with the selector
+    (:func:`~gflow.checks._base.model_zero`), and the same with the selector
     one-hot on S (``C = e_S``) at the same w."""
     tr, a_max = ctx.traj, float(d.law.a_grid[-1])
     w, C = tr.w[d.end], tr.C[d.end]

@@ -17,14 +17,14 @@
 - ``gflow run [CONFIG] --out DIR --replicates R``: R independent Monte Carlo
   replicates (``estimator.seed = seed + r``) into ``DIR/rep000``, …, with
   their trajectory bands and the spread of the check rows
-  (:mod:`gflow.replicates`); ``--replicates-batch B`` integrates B of them
+  (:mod:`gflow.runs._replicates`); ``--replicates-batch B`` integrates B of them
   at a time, vmapped (default: as many as fit in memory).
 - ``gflow sweep [CONFIG] --param data.L=50,100,200 [--param …] --out DIR``:
   one run per point of the cross product, and ``DIR/sweep.csv`` with the
-  headline results (:mod:`gflow.sweep`).
+  headline results (:mod:`gflow.runs._sweep`).
 - ``gflow phase [CONFIG] --param F=VALUES [--param G=VALUES] --out DIR
   [--flow] [--shard k/n]``: a phase diagram of the theory (and the flow) over
-  a grid; ``gflow phase-merge DIR… --out DIR`` joins shards (:mod:`gflow.phase`).
+  a grid; ``gflow phase-merge DIR… --out DIR`` joins shards (:mod:`gflow.runs._phase`).
 
 Exit codes (every command): :data:`EXIT_OK` 0 done (for ``run``/``check``:
 the report's gflow verdict passes; the paper's may fail, that is a result);

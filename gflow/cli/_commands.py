@@ -113,7 +113,7 @@ def _warnings(cfg) -> list[str]:
 
 
 def check_output_dry(out: Path) -> None:
-    """:func:`gflow.trajectory.check_output` without creating anything: `out` is a folder or can be
+    """:func:`gflow.runs.check_output` without creating anything: `out` is a folder or can be
     one (no part of its path is a file; its first existing parent is writable)."""
     from ..trajectory import RunFolderError
 

@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _phase_parsers(sub) -> None:
-    """``gflow phase`` and ``gflow phase-merge`` (:mod:`gflow.phase`)."""
+    """``gflow phase`` and ``gflow phase-merge`` (:mod:`gflow.runs._phase`)."""
     ph = _sub(sub, "phase", "phase diagram: the theory (and with --flow the flow) over a 1-d or 2-d grid",
               "Compute, at every point of a grid over one or two configuration fields, the paper's Stage I winner "
               "(argmax of the modified chi2-MI), gflow's finite-size winner (argmax J), the predicted Stage I "

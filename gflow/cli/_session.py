@@ -22,7 +22,7 @@ def enable_compilation_cache() -> Callable[[], None]:
     JAX never writes a program that calls back into Python (a host callback) to
     that cache. Two kinds of callback would keep the stage solves out of it:
     gflow's evaluation counter (now counted inside the program for explicit
-    solvers, ``gflow._solve``) and equinox's runtime checks (``eqx.error_if``),
+    solvers, ``gflow.dynamics._solve``) and equinox's runtime checks (``eqx.error_if``),
     which diffrax uses to check its inputs (``dt0``'s sign, ``saveat.ts``
     increasing and inside ``[t0, t1]``) and which lower to a callback that
     raises. So, in this command-line process only and unless ``EQX_ON_ERROR``
@@ -30,7 +30,7 @@ def enable_compilation_cache() -> Callable[[], None]:
     returns NaN instead of raising, which gflow's drivers report as a
     non-finite state (a failed stage, the partial trajectory kept). gflow builds
     these inputs itself (increasing save grids inside each solve), so the checks
-    cannot fail. Importing gflow changes nothing of this, and :func:`main` undoes
+    cannot fail. Importing gflow changes nothing of this, and :func:`gflow.cli.main` undoes
     it when it returns (the returned function restores every setting; programs
     traced meanwhile stay in JAX's in-memory caches).
     """

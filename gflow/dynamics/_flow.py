@@ -11,7 +11,7 @@
 - ``solver.method = "gd"`` (extension): discrete gradient descent
   ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
   constant step η), for either schedule;
-- ``solver.method = "modified"`` (extension, README §M9): GD's first-order
+- ``solver.method = "modified"`` (extension, docs/theory/mathematics.md §M9): GD's first-order
   modified flow ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``η = solver.eta``,
   integrated by Tsit5 like the flow (same stages, events, coordinates, saves,
   progress and resume); ``η = 0`` is the flow.
@@ -330,7 +330,7 @@ _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's s
 class StageRun:
     """One run's passage through one stage, on the host: everything around the
     compiled solves, shared by the single driver (:func:`run_stage`) and the
-    batched one (``gflow.vmapped``), so the two cannot drift apart.
+    batched one (``gflow.dynamics._vmapped``), so the two cannot drift apart.
 
     It decides how the stage starts (:meth:`start`: a non-finite field fails at
     once, an event already met ends the stage, otherwise the stage's save grid

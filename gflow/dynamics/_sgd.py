@@ -12,8 +12,8 @@ Two ways to draw batches:
   ``B`` new sequences (each with its own kernel π) from the data model, from the key
   ``fold_in(fold_in(key(seed), r), k)`` of seed r and step k, so the expected
   gradient is the population gradient ∇L. They are drawn by
-  :func:`gflow.data.sample_fast` (the data model's law exactly, by cheaper algorithms
-  than the fixed sample's :func:`gflow.data.sample`), their window counts for all seeds
+  :func:`gflow.core._data.sample_fast` (the data model's law exactly, by cheaper algorithms
+  than the fixed sample's :func:`gflow.sample`), their window counts for all seeds
   at once (:func:`_count_features_flat`); ``estimator.target = "drawn"`` uses each
   sequence's sampled ``x_{L+1}``, as ``make_loss`` does;
 - ``sampling = "fixed"``: batches are drawn *without replacement* from the flow's fixed
@@ -131,7 +131,7 @@ def _scale(cfg: Config, dtype) -> Params:
 
 
 def _count_features_flat(Xt, L: int, cond, model, dtype) -> CountFeatures:
-    """:func:`gflow.model.features` with ``layout="counts"`` for a batch of n sequences given
+    """:func:`gflow.core.features` with ``layout="counts"`` for a batch of n sequences given
     position-major, ``Xt`` ``(L, n)`` or ``(L+1, n)`` (a last row, the targets, is not read),
     as the fresh sampler draws them: one flat scatter-add of the n·L (token, window) pairs
     instead of a vmapped scatter per sequence (identical integers, whatever the order of

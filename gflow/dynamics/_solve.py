@@ -1,7 +1,7 @@
 """The compiled solve of one stage's decade (docs/theory/mathematics.md §M4–§M5): the vector field,
 its evaluation counters, the step-size controller carried across solves, the
 events (and the steady ending), the joint flow's log coordinates, the save
-grids, and one ``diffeqsolve``. :mod:`gflow.flow` drives it.
+grids, and one ``diffeqsolve``. :mod:`gflow.dynamics._flow` drives it.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class VectorField(eqx.Module):
     moving blocks only, so frozen blocks stay bit-for-bit fixed and an
     implicit solver's Jacobian is only as large as what moves.
 
-    With `eta_mod` (``solver.method = "modified"``, README §M9) the field is GD's
+    With `eta_mod` (``solver.method = "modified"``, docs/theory/mathematics.md §M9) the field is GD's
     first-order modified flow ``−Λg − (η/2) Λ H Λ g`` (``g = ∇L̂``, ``H = ∇²L̂``,
     both of the stage loss: the moving blocks only, so ``Λ`` is the stage's mask),
     its Hessian-vector product ``H(Λg)`` by the κ table's structure in the counts and

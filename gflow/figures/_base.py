@@ -1,4 +1,4 @@
-"""Shared pieces of gflow's figures (:mod:`gflow.plot`): sizes, the per-stage
+"""Shared pieces of gflow's figures (:mod:`gflow.figures`): sizes, the per-stage
 panels on each stage's own clock, and reading the theory.
 """
 

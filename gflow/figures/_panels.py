@@ -1,4 +1,4 @@
-"""The panels of a run's figures (:mod:`gflow.plot`): the selector weights, the
+"""The panels of a run's figures (:mod:`gflow.figures`): the selector weights, the
 copier before and after, ``a`` against ``log τ`` with the fitted line on the
 validity window, and the measured ``∂ₜa·e^a`` against the GIH's ``F(a)·e^a``
 (docs/theory/mathematics.md §M6.4, §M7).
@@ -78,7 +78,7 @@ def plot_c_frac(
     theory's ``S* = argmax Ĩ`` (docs/theory/mathematics.md §M6.1) is drawn thicker.
 
     `fig`: a ``Figure`` or ``SubFigure`` to draw into (default: a new one);
-    `compact`: shorter titles and the legend inside, for :func:`plot_summary`.
+    `compact`: shorter titles and the legend inside, for ``plot_summary``.
     Returns the (root) Figure.
     """
     import matplotlib as mpl

@@ -90,7 +90,7 @@ def _pairs(params) -> list[tuple[str, list]]:
 
 
 def _selected_set(traj: Trajectory) -> tuple[int, ...]:
-    """The set the run's Stage I selected (:func:`gflow.theory.selected_set`),
+    """The set the run's Stage I selected (:func:`gflow.trajectory.selected_set`),
     else ``argmax c/Σc`` at the run's last saved time."""
     S = selected_set(traj)
     return S if S is not None else tuple(traj.subsets[int(np.argmax(traj.c_frac[-1]))])
@@ -109,7 +109,7 @@ class EvalResult:
     - `fields`: the swept fields; `rows`: one flat dict per point (the point's
       values, ``loss`` ± ``loss_se`` of θ, ``unseen``, every rung's mean and
       SE, the gaps with their paired SEs, ``a_gih``, ``captured``);
-    - `ladders`: the :class:`~gflow.ladder.Ladder` of each point;
+    - `ladders`: the :class:`~gflow.Ladder` of each point;
     - `S`: the GIH's set; `run_loss`: the run's final loss; `files`: what
       was written.
     """

@@ -8,7 +8,7 @@ arrays a run allocates:
   ``log π`` beside it), the stationary start's window chain (``N·(d^m)²`` per transition
   matrix, vmapped over the sequences, and the host's table of the ``d^m`` windows), the
   chain's tokens ``N·(burn_in + L + 1)`` and its keys;
-- the **features** of the layout (:func:`gflow.loss.resolve_layout`): counts
+- the **features** of the layout (:func:`gflow.core.resolve_layout`): counts
   ``N·d·(d+1)^span``, positions ``N·L·span²`` (twice with ``norm = "layer"`` or
   ``head_norm``), heads ``N·(L+1)·H`` codes;
 - the **loss**: one gradient's working set (``estimator.chunk`` sequences at a time when set)

@@ -31,7 +31,7 @@ run's own wall time: points run one after another in one process, so the
 first point of a shape pays its compilation and the later ones reuse it
 (the seed, ε, the initialisation or, with the counts layout, ``data.L``
 leave the flow's shapes unchanged; ``estimator.N`` changes them). The theory columns
-come from the check report (:func:`gflow.checks.check_run`, which also writes
+come from the check report (:func:`gflow.check_run`, which also writes
 ``report.json`` into each run folder); with ``check=False`` they are empty
 and only the measured columns are filled.
 """
@@ -313,7 +313,7 @@ def run_sweep(
     **Arguments:** `config` the base configuration; `params` as in
     :func:`sweep_points`; `out` the sweep's folder; `check` run the check
     report on every point (the theory columns come from it; `check_kwargs`
-    go to :func:`gflow.checks.check_run`); `resume` reuse or continue the
+    go to :func:`gflow.check_run`); `resume` reuse or continue the
     points' run folders that already hold a run (otherwise an existing run
     folder is an error, raised before anything runs); `verbose` progress lines.
 
@@ -375,7 +375,7 @@ def run_point(
     trajectory (status not ``"complete"``) and no report. `loss`: the
     point's estimator, if already built (the same sample the configuration's
     seed gives; integration and check report reuse it). Shared by
-    :func:`run_sweep` and :func:`gflow.phase.run_phase`."""
+    :func:`run_sweep` and :func:`gflow.run_phase`."""
     again = resume and (d / "run.json").exists()
     try:
         traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose, loss=loss)

@@ -71,9 +71,9 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
     the zero padding ``x_j``, ``j ≤ 0``, never matches) and
     ``N₀(e) = #{l ≤ L : x_l = e} − N₁(e)``. For ``S = ∅`` every position matches.
 
-    `source` is a :class:`~gflow.data.Sample` or
-    :class:`~gflow.model.PositionFeatures` (read from ``X``), or
-    :class:`~gflow.model.CountFeatures` (read from the window codes, which
+    `source` is a :class:`~gflow.Sample` or
+    :class:`~gflow.core.PositionFeatures` (read from ``X``), or
+    :class:`~gflow.core.CountFeatures` (read from the window codes, which
     encode offsets ``1..M``; ``M`` is inferred from the table size unless
     given). All give the same counts on the same sample. Returns float64
     ``(N, d)`` arrays.
@@ -175,9 +175,9 @@ class GIH(eqx.Module):
 def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: int | None = None) -> GIH:
     """The GIH on offsets ``S`` for a sample (docs/theory/mathematics.md §M6.4).
 
-    `source` is a :class:`~gflow.loss.PopulationLoss` (its sample, ε and loss
+    `source` is a :class:`~gflow.PopulationLoss` (its sample, ε and loss
     kind are used: the run's own common random numbers), or a
-    :class:`~gflow.data.Sample` / feature set (then `eps` and `kind` apply).
+    :class:`~gflow.Sample` / feature set (then `eps` and `kind` apply).
     ``π(·|z_q)`` is taken from the source unless `cond` is given.
     """
     if isinstance(source, PopulationLoss):

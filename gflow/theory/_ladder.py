@@ -2,7 +2,7 @@
 
 Every rung is a predictor ``p ∈ Δ_d`` of the target ``x_{L+1}`` from the
 context ``X = (x_1, …, x_L)``, scored per sequence with the run's own loss
-(``estimator.loss``, ``ε``; :func:`gflow.loss.sequence_loss`), on the run's
+(``estimator.loss``, ``ε``; :func:`gflow.core.sequence_loss`), on the run's
 own sample, so that the difference of two rungs has a *paired* standard error
 (the per-sequence differences are i.i.d.). From the floor up:
 
@@ -84,9 +84,9 @@ def bayes_counts(source, parents) -> jnp.ndarray:
     positions ``l ≤ L`` with all parents inside ``X``, parent configuration
     equal to the query's ``z_q`` and ``x_l = e``.
 
-    `source` is a :class:`~gflow.data.Sample` or
-    :class:`~gflow.model.PositionFeatures` (any parents), or
-    :class:`~gflow.model.CountFeatures` when ``p_k ≤ M`` (the window codes
+    `source` is a :class:`~gflow.Sample` or
+    :class:`~gflow.core.PositionFeatures` (any parents), or
+    :class:`~gflow.core.CountFeatures` when ``p_k ≤ M`` (the window codes
     encode offsets ``1..M`` only). Computed as the GIH's ``N₁(e)`` on
     ``S = parents``.
     """
@@ -166,7 +166,7 @@ def gih_argmin(gih, *, a_max: float = 30.0, n: int = 61) -> float:
 
 def mean_se(x: np.ndarray) -> tuple[float, float]:
     """Mean and ``std/√N``, by the estimator's own reduction
-    (:func:`gflow.loss._mean_se`)."""
+    (:func:`gflow.core.mean_se`)."""
     m, se = _loss_mean_se(jnp.asarray(x))
     return float(m), float(se)
 
@@ -286,7 +286,7 @@ def loss_ladder(
       ``estimator.seed``, float64) and checked against the loss's targets.
     - `pi_cond`: ``π(·|z_q)`` of every sequence, ``(N, d)``, when the loss's target is not
       it (``estimator.target = "drawn"``, whose target is the drawn token ``e(y)``:
-      :func:`gflow.loss.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
+      :func:`gflow.core.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
       scored against the loss's target, and the entropy is that of ``π(·|z_q)``; without
       it a drawn target would make the oracle "know" the drawn token (loss ≈ 0) and the
       Bayes − oracle row vacuous.

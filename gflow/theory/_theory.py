@@ -15,13 +15,13 @@
   (:func:`predicted_stage1_duration`).
 - :func:`theory_report` gathers all of it into a typed :class:`Theory` (with
   ``to_json``/``from_json``; the GIH law of any set, and what each law covers,
-  docs/theory/mathematics.md §M8.7), :func:`format_theory` prints it, and :func:`load_or_compute`
+  docs/theory/mathematics.md §M8.7), :func:`format_theory` prints it, and :func:`gflow.runs.load_or_compute`
   is the one rule that decides whether a run folder's ``theory.json`` belongs
   to the run.
 
-The Stage I theory (Ĩ ranking, rates, duration) lives in ``gflow._stage1``,
-the GIH numerics in ``gflow._gih``, the result types in
-``gflow._theory_result``; all are re-exported here. Everything is
+The Stage I theory (Ĩ ranking, rates, duration) lives in ``gflow.theory._stage1``,
+the GIH numerics in ``gflow.theory._gih``, the result types in
+``gflow.theory._result``; all are re-exported here. Everything is
 deterministic in its key/seed.
 """
 
@@ -221,7 +221,7 @@ def theory_report(
 
 
 def _ladder(loss, data_cfg, S, law, pi_cond, estimator_cfg) -> dict | None:
-    """The loss ladder of the sample (docs/theory/mathematics.md §M8.3; :mod:`gflow.ladder`), the GIH
+    """The loss ladder of the sample (docs/theory/mathematics.md §M8.3; :mod:`gflow.theory._ladder`), the GIH
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
     try:
