@@ -238,3 +238,18 @@ def test_docstring_roles_become_links():
                 left.append(f"{path.relative_to(ROOT)}:{line}")
     assert not left, left
     assert not raw.search(_hooks().config_keys_markdown())
+
+
+def test_exit_codes_are_listed_everywhere():
+    """Every exit code (0, 1, 2, 3, 4, 130) is in the README, the getting-started table and
+    ``gflow --help`` (the command line's own test reads the help; here the pages)."""
+    from gflow import cli
+
+    codes = (cli.EXIT_OK, cli.EXIT_VERDICT, cli.EXIT_INPUT, cli.EXIT_FAILED, cli.EXIT_UNEXPECTED, cli.EXIT_INTERRUPTED)
+    readme = " ".join((ROOT / "README.md").read_text().split())  # a code's phrase may wrap
+    table = (DOCS / "getting-started.md").read_text().split("## Exit codes")[1]
+    helptext = cli.build_parser().format_help().split("exit codes (every command):")[1]
+    for code in codes:
+        assert re.search(rf"\b{code} (done|the gflow verdict|bad input|the integration|an unexpected|interrupted)", readme), code
+        assert f"\n| {code} |" in table, code
+        assert f"\n  {code} " in helptext, code

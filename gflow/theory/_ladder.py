@@ -116,7 +116,8 @@ def _redraw(data: DataConfig, estimator, loss: PopulationLoss) -> Sample:
     smp = draw_sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
     target = smp.cond if estimator.target != "drawn" else jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype)
     if target.shape != loss.feats.cond.shape or not np.allclose(np.asarray(target), np.asarray(loss.feats.cond)):
-        raise ValueError("the loss's sample is not the one estimator.seed draws: pass its Sample (sample=...)")
+        raise ValueError("the Bayes rung needs the context's tokens, and the loss's sample is not the one "
+                         "estimator.seed draws (a loss built from another key): its tokens are not known here")
     return smp
 
 
