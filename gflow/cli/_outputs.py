@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def output_names(args) -> list[str]:
-    """The files ``gflow run`` writes after the integration (its manifest, README "Run folders")."""
+    """The files ``gflow run`` writes after the integration (its manifest; docs/getting-started.md, "A run folder")."""
     from ..trajectory import FIGURE_NAMES
 
     names = [] if args.no_check else ["theory.json", "report.json", "report.md"]
