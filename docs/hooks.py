@@ -8,11 +8,15 @@ they cannot drift from it.
   classes' docstrings).
 - ``<!-- gflow:cli -->`` becomes ``gflow --help`` and every subcommand's ``--help``
   (:func:`cli_markdown`), printed by the argparse parser itself.
+- ``<!-- gflow:symbols -->`` becomes the table of every symbol a check report uses
+  (:func:`symbols_markdown`, the legend ``report.md`` ends with).
 - every ``docs/examples/*.py`` (jupytext percent format) becomes a page
   ``examples/<name>.md`` (:func:`render_example`): markdown cells as text, code cells as
   code followed by what they printed and the figures they drew. The examples are executed
-  at build time at the tiny size (``GFLOW_EXAMPLE_SIZE=tiny`` unless set otherwise);
-  ``GFLOW_DOCS_EXECUTE=0`` renders them without running them.
+  at the tiny size (``GFLOW_EXAMPLE_SIZE=tiny`` unless set otherwise) once per version of
+  their source, of gflow's and of the libraries (:func:`cached_example`, in
+  ``GFLOW_CACHE/docs``): the test suite renders and stores them, so a build after it runs
+  none; ``GFLOW_DOCS_EXECUTE=0`` renders them without running them.
 - the repository's ``figures/*.png`` are served as ``figures/`` of the site.
 - MathJax (the ``mathjax`` package on PyPI, a dependency of the ``docs`` extra) is copied
   into the site, so the mathematics renders offline, with no request to a CDN.
@@ -36,10 +40,24 @@ _COLUMNS = "100"  # the width the CLI reference is printed at
 # -- configuration keys -----------------------------------------------------------------
 
 
+def _roles():
+    """docs/roles.py (the docstrings' Sphinx roles as cross-references), loaded by path."""
+    import importlib.util
+    import sys
+
+    if "gflow_docs_roles" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gflow_docs_roles", Path(__file__).with_name("roles.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["gflow_docs_roles"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["gflow_docs_roles"]
+
+
 def _docstring_fields(cls) -> dict[str, str]:
-    """``{field: text}`` from a class docstring's bullets ``- `a`, `b`: text``."""
+    """``{field: text}`` from a class docstring's bullets ``- `a`, `b`: text``, its Sphinx roles
+    as cross-references (docs/roles.py)."""
     out: dict[str, str] = {}
-    doc = cls.__doc__ or ""
+    doc = _roles().convert(cls.__doc__ or "", cls.__module__, f"{cls.__module__}.{cls.__qualname__}")
     bullets = re.split(r"\n\s*- (?=`)", "\n" + doc)
     for b in bullets[1:]:
         b = re.split(r"\n\s*\n", b)[0]  # a bullet ends at a blank line
@@ -146,7 +164,7 @@ def cli_helps() -> dict[str, str]:
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = _COLUMNS
     try:
-        p = cli._parser()
+        p = cli.build_parser()
         out = {"gflow": p.format_help()}
         sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
         for name, sp in sub.choices.items():
@@ -233,12 +251,82 @@ def render_example(path: Path, *, execute: bool) -> tuple[str, dict[str, bytes]]
         finally:
             os.chdir(cwd)
     if execute:
-        note = f"*Rendered by running the script at `GFLOW_EXAMPLE_SIZE={size}` when the site was built.*"
+        note = (f"*Rendered by running the script at `GFLOW_EXAMPLE_SIZE={size}` (once per version of its "
+                "source and of gflow's: the build reuses the pages the test suite rendered).*")
     else:
         note = "*Rendered without running the script (`GFLOW_DOCS_EXECUTE=0`).*"
     head = f"[Download the script]({path.name}): `python3 {path.name}` runs it (full size; `GFLOW_EXAMPLE_SIZE=tiny` for seconds). {note}\n"
     first = md.index("") + 1 if "" in md else 0  # after the first markdown cell (the title and introduction)
     return "\n".join([*md[:first], head, *md[first:]]), images
+
+
+# -- the examples' rendered pages, cached -------------------------------------------------
+
+
+def example_key(path: Path, size: str) -> str:
+    """What an example's rendered page depends on: its source, its size, every source file of
+    gflow and the versions of the libraries that compute and draw it (SHA-256)."""
+    import hashlib
+    import importlib.metadata
+
+    import gflow
+
+    h = hashlib.sha256()
+    h.update(path.read_bytes() + size.encode())
+    pkg = Path(gflow.__file__).resolve().parent
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(str(f.relative_to(pkg)).encode() + f.read_bytes())
+    for lib in ("jax", "jaxlib", "numpy", "diffrax", "equinox", "matplotlib"):
+        try:
+            h.update(f"{lib}={importlib.metadata.version(lib)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return h.hexdigest()
+
+
+def _example_cache() -> Path | None:
+    """``GFLOW_CACHE/docs`` (default ``~/.cache/gflow/docs``); ``None`` for ``GFLOW_CACHE=none``."""
+    where = os.environ.get("GFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow"))
+    return None if where.lower() == "none" else Path(where) / "docs"
+
+
+def store_example(path: Path, page: str, images: dict[str, bytes], size: str) -> None:
+    """Keep a rendered page and its figures under its :func:`example_key` (written to a temporary
+    folder, then renamed: a reader never sees half an entry)."""
+    root = _example_cache()
+    if root is None:
+        return
+    dest = root / f"{path.stem}-{example_key(path, size)[:32]}"
+    if dest.is_dir():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=root))
+    (tmp / "page.md").write_text(page)
+    for name, data in images.items():
+        (tmp / name).write_bytes(data)
+    try:
+        os.replace(tmp, dest)
+    except OSError:  # another process stored the same entry first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_example(path: Path, *, execute: bool) -> tuple[str, dict[str, bytes]]:
+    """:func:`render_example`, from the cache when the example, gflow and the libraries are those
+    it was rendered with (``tests/test_docs.py`` renders every example at the tiny size and stores
+    it, so a build after the test suite runs none), else rendered now and stored."""
+    size = os.environ.get("GFLOW_EXAMPLE_SIZE", "tiny")
+    root = _example_cache()
+    if execute and root is not None:
+        entry = root / f"{path.stem}-{example_key(path, size)[:32]}"
+        if (entry / "page.md").is_file():
+            images = {f.name: f.read_bytes() for f in sorted(entry.iterdir()) if f.suffix == ".png"}
+            return (entry / "page.md").read_text(), images
+    page, images = render_example(path, execute=execute)
+    if execute:
+        store_example(path, page, images, size)
+    return page, images
 
 
 @contextlib.contextmanager
@@ -267,16 +355,25 @@ def on_files(files, config):
         files.append(File.generated(config, f"figures/{png.name}", abs_src_path=str(png)))
     execute = os.environ.get("GFLOW_DOCS_EXECUTE", "1") != "0"
     for path in sorted((docs / EXAMPLES).glob("*.py")):
-        page, images = render_example(path, execute=execute)
+        page, images = cached_example(path, execute=execute)
         files.append(File.generated(config, f"{EXAMPLES}/{path.stem}.md", content=page))
         for fname, data in images.items():
             files.append(File.generated(config, f"{EXAMPLES}/{fname}", content=data))
     return files
 
 
+def symbols_markdown() -> str:
+    """The rows ``| symbol | meaning |`` of every symbol a check report can use
+    (``gflow.checks._report.SYMBOLS``, the legend ``report.md`` ends with)."""
+    from gflow.checks._report import SYMBOLS
+
+    return "\n".join(f"| {_cell(k)} | {_cell(v)} |" for k, v in SYMBOLS.items()) + "\n"
+
+
 _MARKERS: dict[str, typing.Callable[[], str]] = {
     "<!-- gflow:config-keys -->": config_keys_markdown,
     "<!-- gflow:cli -->": cli_markdown,
+    "<!-- gflow:symbols -->": symbols_markdown,
 }
 
 

@@ -32,18 +32,25 @@ except importlib.metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
 
 from .checks import Report as Report
+from .checks import Row as Row
 from .checks import check as check
 from .config import Config as Config
 from .config import load_config as load_config
+from .dynamics import DenseSolution as DenseSolution
 from .dynamics import FlowError as FlowError
 from .dynamics import SDEConfig as SDEConfig
 from .dynamics import SGDConfig as SGDConfig
 from .dynamics import SGDRun as SGDRun
 from .dynamics import Spectrum as Spectrum
+from .dynamics import dense_solution as dense_solution
 from .dynamics import hessian_spectrum as hessian_spectrum
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd
+from .runs import EvalResult as EvalResult
+from .runs import PhaseResult as PhaseResult
+from .runs import Replicates as Replicates
+from .runs import SweepResult as SweepResult
 from .runs import check_run as check_run
 from .runs import evaluate as evaluate
 from .runs import integrate as integrate
@@ -53,9 +60,16 @@ from .runs import plot_run as plot_run
 from .runs import run_phase as run_phase
 from .runs import run_replicates as run_replicates
 from .runs import run_sweep as run_sweep
+from .theory import ChiSquaredRanking as ChiSquaredRanking
+from .theory import Ladder as Ladder
+from .theory import Stage1Duration as Stage1Duration
+from .theory import StageIIILaw as StageIIILaw
+from .theory import StageIRates as StageIRates
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
 from .theory import loss_ladder as loss_ladder
 from .theory import theory_report as theory_report
+from .trajectory import RunFolderError as RunFolderError
+from .trajectory import StageRecord as StageRecord
 from .trajectory import Trajectory as Trajectory
 from .trajectory import load as load

@@ -165,7 +165,7 @@ class SolverConfig(eqx.Module):
       only the moving block, so its Jacobian is small) or ``"gd"``
       (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
-      ``"modified"`` (extension, README §M9): GD's first-order modified flow
+      ``"modified"`` (extension, docs/theory/mathematics.md §M9): GD's first-order modified flow
       ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``eta`` (``g = ∇L̂``, ``H = ∇²L̂``
       through a Hessian-vector product: about two gradients per evaluation in the counts
       and sparse layouts, docs/theory/mathematics.md §M9), integrated by Tsit5 like the flow with the
@@ -196,6 +196,12 @@ class SolverConfig(eqx.Module):
     - `tau_min`: the first saved τ of every stage (default ``1e-3``).
       Each decade is one solve, after which the trajectory is written to
       disk, so an interrupted run resumes from its last completed decade.
+    - `save_times`: explicit times t (on the run's clock, each > 0) saved beside the
+      logarithmic grid, as diffrax's ``SaveAt(ts=...)`` (default none); each is saved in
+      the stage that holds it, times after the run's end are not reached. They cut the
+      solves where they fall, so the trajectory agrees with the one without them to the
+      solver's tolerance, not bit for bit. A time chosen after the run: ``gflow.dense_solution``.
+      Not for ``"sgd"``/``"sde"`` (their saved steps are a grid of steps).
     - `progress`: show diffrax's tqdm progress meter.
     - `joint_coords`: ``"log"`` (default) integrates the joint schedule's selector as
       ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
@@ -212,6 +218,7 @@ class SolverConfig(eqx.Module):
     eta: float = eqx.field(static=True, default=0.1)
     save_per_decade: int = eqx.field(static=True, default=12)
     tau_min: float = eqx.field(static=True, default=1e-3)
+    save_times: tuple[float, ...] = eqx.field(static=True, default=(), converter=lambda v: tuple(v))
     progress: bool = eqx.field(static=True, default=False)
     joint_coords: str = eqx.field(static=True, default="log")
 
@@ -264,6 +271,12 @@ class SolverConfig(eqx.Module):
             raise ValueError(f"solver.eta must be a finite number {bound}, got {self.eta!r}")
         if not (isinstance(self.tau_min, (int, float)) and math.isfinite(self.tau_min) and self.tau_min > 0):
             raise ValueError(f"solver.tau_min must be a finite number > 0, got {self.tau_min!r}")
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                   for x in self.save_times):  # fmt: skip
+            raise ValueError(f"solver.save_times must be a list of finite times > 0, got {list(self.save_times)!r}")
+        if self.save_times and self.is_stochastic:
+            raise ValueError(f"solver.save_times must be empty for solver.method = {self.method!r} (SGD and the SDE "
+                             f"save on a grid of steps, sgd.save_per_decade), got {list(self.save_times)!r}")  # fmt: skip
         for name, lo in (("max_steps", 1), ("save_per_decade", 1)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
@@ -554,6 +567,7 @@ _KEY_TYPES: dict[str, _Type] = {
     "solver.eta": _FLOAT,
     "solver.save_per_decade": _INT,
     "solver.tau_min": _FLOAT,
+    "solver.save_times": _FLOATS,
     "solver.progress": _BOOL,
     "solver.joint_coords": _STR,
     "estimator.N": _INT,

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ._util import atomic_write_npz, atomic_write_text, rows_of_stage
+from ._util import STAGE_CODES, atomic_write_npz, atomic_write_text, rows_of_stage
 from .config import Config, from_dict
 from .core import member_of, subset_label
 
@@ -80,8 +80,9 @@ class StageRecord:
     - `steps`, `rejected`, `nfev`: solver statistics (accepted steps, rejected
       steps, vector-field evaluations), summed over the stage's segments.
     - `wall`: wall time in seconds (including compilation).
-    - `selected`: Stage II only: the heads (the set S selected by Stage I) whose
-      concentration ends the stage.
+    - `selected`: the set S Stage I selected (``argmax c/Σc`` at its end), as a list of
+      offsets: on Stage I (and a joint run) once it has ended, and on Stage II, whose heads'
+      concentration ends it; ``None`` on Stage III and on a stage still running.
     """
 
     name: str
@@ -251,6 +252,17 @@ class Trajectory:
         """Copier attention of the query ``softmax(w^(h))`` (the member's,
         ``gflow.core.AbstractModel.query_attention``), ``(T, H, M)``."""
         return np.asarray(self.member.query_attention(self.blocks()))
+
+    def dadt(self) -> np.ndarray:
+        """``∂ₜa`` at every saved time, ``(T,)``: the flow's own right-hand side for a,
+        ``−η_a ∂L̂/∂a`` from the stored gradient (exact at the saved θ, no finite difference),
+        on the rows of a stage that moves a (Stage III, the joint schedule); 0 on the rows of
+        Stages I and II, where a is frozen. In Stage III, ``∂τa`` on its own clock
+        ``τ = t − t₀`` is the same. For ``solver.method = "modified"`` it is the flow's part
+        of the modified field (without ``−(η/2)(ΛHΛg)_a``); for GD and SGD the rate of the
+        step, ``−η_a ∂L̂/∂a`` per unit time."""
+        moves_a = np.isin(self.stage, [STAGE_CODES["III"], STAGE_CODES["joint"]])
+        return np.where(moves_a, -float(self.config.schedule.eta_a) * np.asarray(self.grad_a, np.float64), 0.0)
 
     @property
     def boundaries(self) -> list[float]:

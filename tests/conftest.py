@@ -21,12 +21,12 @@ def getkey():
     return _getkey
 
 
-SMALL_TOML = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
+SMALL_TOML = Path(__file__).resolve().parents[1] / "scripts" / "configs" / "small.toml"
 
 
 @pytest.fixture(scope="session")
 def small_config():
-    """The test-size staged run (scripts/small.toml: d = 3, parents (1, 2),
+    """The test-size staged run (scripts/configs/small.toml: d = 3, parents (1, 2),
     L = 40, N = 2000)."""
     return gflow.load_config(SMALL_TOML)
 

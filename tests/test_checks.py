@@ -15,7 +15,7 @@ from gflow.checks._checks import Report, Row, check, contrast, linear_fit, log_s
 from gflow.config import from_dict
 from gflow.runs import check_run
 
-SMALL = Path(__file__).resolve().parents[1] / "scripts" / "small.toml"
+SMALL = Path(__file__).resolve().parents[1] / "scripts" / "configs" / "small.toml"
 ROW_KEYS = {"name", "claim", "predicted", "measured", "tolerance", "passed"}
 
 # n_pi: the Ĩ ranking of the small configuration has its top two 38 paired SE
@@ -26,7 +26,7 @@ N_PI = 500
 
 @pytest.fixture(scope="module")
 def checked_run(small_run, small_loss):
-    """The small staged flow (scripts/small.toml: d=3, L=40, N=2000; the
+    """The small staged flow (scripts/configs/small.toml: d=3, L=40, N=2000; the
     session's shared run, see conftest.py) checked with check_run."""
     traj, out = small_run
     report = check_run(out, loss=small_loss, n_pi=N_PI)
@@ -156,7 +156,7 @@ def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, ca
         return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
     monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))
-    monkeypatch.setattr(gflow.cli, "_record", lambda *a, **k: None)  # the folder holds no run to record into
+    monkeypatch.setattr(gflow.cli._outputs, "record", lambda *a, **k: None)  # the folder holds no run to record into
     assert main(["check", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "paper verdict FAIL; gflow verdict PASS" in out and "S* = {2}" in out
@@ -420,7 +420,7 @@ def test_another_parent_structure(tmp_path, small_config):
 
 @pytest.mark.slow
 def test_disagreeing_rankings_the_flow_follows_J(tmp_path, small_config):
-    """parents (1, 3), w₊ = 1, test size (scripts/small.toml otherwise), found
+    """parents (1, 3), w₊ = 1, test size (scripts/configs/small.toml otherwise), found
     with the theory alone: S* = argmax Ĩ = {1,3} (9.9 paired SE ahead of the
     runner-up at n_pi = 500) but argmax J = {3} on the run's sample (3.0 paired
     SE above {1,3}): the blurred copier at w₊ = 1 reads offset 1 badly, so at
@@ -445,3 +445,86 @@ def test_disagreeing_rankings_the_flow_follows_J(tmp_path, small_config):
     ]
     beside = next(r for r in rep.rows if r.name.startswith("III: GIH of S* = {1,3} (paper) beside the selected {3}"))
     assert beside.passed is None and beside.predicted[2] == pytest.approx(th.law((1, 3)).limit_loss)
+
+
+# ---------------------------------------------------------------------------
+# Every row the report can print is documented; every symbol of report.md is defined
+# ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _template(node) -> str | None:
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{…}" for v in node.values)
+    return None
+
+
+def report_row_names() -> set[str]:
+    """Every row name the check report can print, read from gflow/checks/_rows_*.py with ast: the
+    name argument of every ``decided_row``, ``ctx.info`` and ``_winner_row`` call (a variable
+    resolved to its string or f-string in the same function), each value an f-string fills in
+    written ``{…}``."""
+    import ast
+
+    names = set()
+    for p in sorted((ROOT / "gflow" / "checks").glob("_rows_*.py")):
+        tree = ast.parse(p.read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            strings = {n.targets[0].id: _template(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                       and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and _template(n.value)}  # fmt: skip
+            for n in ast.walk(fn):
+                if not isinstance(n, ast.Call) or not n.args:
+                    continue
+                f = n.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called not in ("decided_row", "info", "_winner_row") or fn.name == "_winner_row":
+                    continue
+                arg = n.args[1] if called == "_winner_row" else n.args[0]
+                t = strings.get(arg.id) if isinstance(arg, ast.Name) else _template(arg)
+                assert t is not None, f"{p.name}:{n.lineno}: a row name this test cannot read"
+                names.add(t + " at {…}" if called == "_winner_row" else t)
+    return names
+
+
+def documented_row_names() -> set[str]:
+    """The row names of docs/guides/checks.md's table of rows (first column, in code), with every
+    ``{placeholder}`` written ``{…}``."""
+    import re
+
+    text = (ROOT / "docs" / "guides" / "checks.md").read_text()
+    table = text.split("<!-- rows -->")[1].split("<!-- /rows -->")[0]
+    names = set()
+    for line in table.splitlines():
+        m = re.match(r"^\| `([^`]+)` \|", line)
+        if m:
+            names.add(re.sub(r"\{[^}]*\}", "{…}", m.group(1)))
+    return names
+
+
+def test_every_report_row_is_documented():
+    """docs/guides/checks.md lists every row the report can print, under its printed name, and no
+    row the report no longer prints."""
+    code, docs = report_row_names(), documented_row_names()
+    assert len(code) >= 30
+    assert not code - docs, f"rows the report prints that docs/guides/checks.md does not list: {sorted(code - docs)}"
+    assert not docs - code, f"rows docs/guides/checks.md lists that the report never prints: {sorted(docs - code)}"
+
+
+def test_report_defines_every_symbol_it_uses(checked_run):
+    """report.md ends with the meaning of every symbol it uses (Ĩ, J, a°, η_a, F(a), λ, ρ, paired
+    SE, …), and only of those."""
+    from gflow.checks._report import SYMBOLS
+
+    out, _, _, report = checked_run
+    md = (out / "report.md").read_text()
+    body, _, legend = md.partition("\nSymbols (")
+    for sym in ("Ĩ", "J", "a°", "η_a", "F(a)", "λ", "ρ", "paired SE", "C*", "a*", "S*", "δ", "τ", "L̂"):
+        assert sym in body, sym  # the small run's report uses them all
+        assert f"- **{sym}**: {SYMBOLS[sym]}" in legend, sym
+    listed = [line.split("**")[1] for line in legend.splitlines() if line.startswith("- **")]
+    assert all(s in body for s in listed) and "docs/guides/checks.md" in legend

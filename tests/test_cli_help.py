@@ -24,13 +24,13 @@ def test_help_has_description_examples_and_exit_codes(capsys):
     out = capsys.readouterr().out
     assert "``" not in out  # no reStructuredText leaking through
     assert "Unveiling Induction Heads" in out and "examples:" in out
-    for code in (cli.EXIT_OK, cli.EXIT_VERDICT, cli.EXIT_INPUT, cli.EXIT_FAILED, cli.EXIT_INTERRUPTED):
+    for code in (cli.EXIT_OK, cli.EXIT_VERDICT, cli.EXIT_INPUT, cli.EXIT_FAILED, cli.EXIT_UNEXPECTED, cli.EXIT_INTERRUPTED):
         assert f"\n  {code} " in out, code
     assert "lin:A:B:N" in out and "data.parents=[1],[1,2]" in out
 
 
 def test_every_subcommand_and_argument_is_described():
-    subs = _subparsers(cli._parser())
+    subs = _subparsers(cli.build_parser())
     assert set(subs) == {"run", "theory", "check", "sweep", "eval", "phase", "phase-merge", "plot"}
     for name, sp in subs.items():
         assert sp.description and len(sp.description) > 40, name
@@ -46,11 +46,11 @@ def test_one_param_syntax():
 
     helps = {
         name: next(a.help for a in sp._actions if a.dest == "param")
-        for name, sp in _subparsers(cli._parser()).items()
+        for name, sp in _subparsers(cli.build_parser()).items()
         if any(a.dest == "param" for a in sp._actions)
     }
     assert set(helps) == {"sweep", "phase", "eval"}
-    assert all(h.startswith(cli._PARAM_HELP) for h in helps.values())
+    assert all(h.startswith(cli.PARAM_HELP) for h in helps.values())
     assert parse_param("data.parents=[1],[1,2]") == ("data.parents", [[1], [1, 2]])
     assert parse_param("data.L=50,100,200") == ("data.L", [50, 100, 200])
     assert parse_param("init.w_plus=log:1:100:3")[1] == pytest.approx([1.0, 10.0, 100.0])
@@ -71,7 +71,7 @@ def test_run_announces_the_compilation(tmp_path, capsys, monkeypatch, quiet):
     import inspect
     import re
 
-    where = re.search(r"from \.(\S+) import .*\bintegrate\b", inspect.getsource(cli._run)).group(1)
+    where = re.search(r"from \.\.(\S+) import .*\bintegrate\b", inspect.getsource(cli._commands._run)).group(1)
     mod = importlib.import_module(f"gflow.{where}")
 
     def stub(*args, **kwargs):

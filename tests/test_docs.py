@@ -76,6 +76,9 @@ def test_python_blocks_run(page, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "__main__"}
+    blocks = [code for code, skipped in python_blocks(page.read_text()) if not skipped]
+    # a page's examples check what they show (an exception in a block fails the test)
+    assert any("assert " in code for code in blocks), f"{page.name}: its examples assert nothing of what they show"
     try:
         for k, (code, skipped) in enumerate(python_blocks(page.read_text())):
             if not skipped:
@@ -102,8 +105,19 @@ def _run_example(example, tmp_path, monkeypatch, size: str) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_tiny(example, tmp_path, monkeypatch):
-    """Each worked example at the tiny size; the examples assert on their own results."""
-    _run_example(example, tmp_path, monkeypatch, "tiny")
+    """Each worked example at the tiny size, rendered as the site shows it (its cells run in
+    order, what they print and draw kept); the examples assert on their own results. The page
+    is stored where the site's build finds it (docs/hooks.py ``cached_example``), so a build
+    after the suite executes no example."""
+    hooks = _hooks()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GFLOW_EXAMPLE_SIZE", "tiny")
+    page, images = hooks.render_example(example, execute=True)
+    assert images, f"{example.name} draws no figure"
+    assert page.count("```python") == sum(k == "code" for k, _ in hooks.split_cells(example.read_text()))
+    hooks.store_example(example, page, images, "tiny")
+    if hooks._example_cache() is not None:  # what the build reads is what the example printed now
+        assert hooks.cached_example(example, execute=True)[0] == page
 
 
 @pytest.mark.slow
@@ -185,3 +199,57 @@ def test_notation_is_not_emphasis():
     )
     fenced = "```python\nx_1 = a*b\n```"
     assert hooks.escape_emphasis(fenced) == fenced
+
+
+def _roles():
+    return _hooks()._roles()
+
+
+def test_every_gflow_name_resolves():
+    """Every ``gflow.…`` name of README.md and docs/, and every ``gflow.…`` name and Sphinx-role
+    target of the package's docstrings, names an object (a module, class, function, attribute or
+    field): no docstring names a module that no longer exists. The failure lists them by file
+    and line, those under gflow/core/ apart."""
+    bad = _roles().unresolved_names(ROOT)
+    core = {f: v for f, v in bad.items() if f.startswith("gflow/core/")}
+    rest = {f: v for f, v in bad.items() if f not in core}
+    msg = "\n".join(f"{f}: {', '.join(v)}" for f, v in (rest | core).items())
+    assert not bad, f"names that resolve to nothing ({sum(map(len, core.values()))} in gflow/core/):\n{msg}"
+
+
+def test_docstring_roles_become_links():
+    """The docstrings' Sphinx roles become autorefs cross-references to the public name (a member
+    links to its class's entry) or plain code: no raw role is left in any docstring nor in the
+    generated configuration table, and a relative target resolves in the docstring's scope."""
+
+    roles = _roles()
+    assert roles.convert(":func:`gflow.sgd`", "gflow") == "[`gflow.sgd`][gflow.sgd]"
+    assert roles.convert(":class:`~gflow.theory.Theory`", "gflow") == "[`Theory`][gflow.Theory]"
+    assert roles.convert(":meth:`to_json`", "gflow.theory._result", "gflow.theory._result.Theory") == \
+        "[`to_json`][gflow.Theory]"  # fmt: skip
+    assert roles.convert(":func:`stage3_law`", "gflow.theory._theory") == "`stage3_law`"  # not a public name
+    missing: list = []
+    assert roles.convert(":mod:`gflow.ladder`", "gflow", None, missing) == "`gflow.ladder`" and missing == ["gflow.ladder"]
+    raw = re.compile(r":[a-z]+:`")
+    left = []
+    for path in sorted((ROOT / "gflow").rglob("*.py")):
+        for line, doc, mod, cls in roles._docstrings(path):
+            if raw.search(roles.convert(doc, mod, cls)):
+                left.append(f"{path.relative_to(ROOT)}:{line}")
+    assert not left, left
+    assert not raw.search(_hooks().config_keys_markdown())
+
+
+def test_exit_codes_are_listed_everywhere():
+    """Every exit code (0, 1, 2, 3, 4, 130) is in the README, the getting-started table and
+    ``gflow --help`` (the command line's own test reads the help; here the pages)."""
+    from gflow import cli
+
+    codes = (cli.EXIT_OK, cli.EXIT_VERDICT, cli.EXIT_INPUT, cli.EXIT_FAILED, cli.EXIT_UNEXPECTED, cli.EXIT_INTERRUPTED)
+    readme = " ".join((ROOT / "README.md").read_text().split())  # a code's phrase may wrap
+    table = (DOCS / "getting-started.md").read_text().split("## Exit codes")[1]
+    helptext = cli.build_parser().format_help().split("exit codes (every command):")[1]
+    for code in codes:
+        assert re.search(rf"\b{code} (done|the gflow verdict|bad input|the integration|an unexpected|interrupted)", readme), code
+        assert f"\n| {code} |" in table, code
+        assert f"\n  {code} " in helptext, code

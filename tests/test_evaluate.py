@@ -50,6 +50,22 @@ def test_eval_at_the_training_configuration_reproduces_the_final_loss(small_run,
     assert js["points"][0]["loss"] == row["loss"]
 
 
+def test_eval_builds_the_runs_own_loss_for_the_official_options(tmp_path):
+    """``gflow eval`` builds its loss by ``make_loss``, as the run did: with the official code's
+    options (shifted windows, whose span H+M−1 exceeds M; the drawn target e(y)) the training
+    configuration reproduces the run's final loss, and the oracle rung predicts with π(·|z_q),
+    not with the drawn token (a loss of about 0)."""
+    cfg = gflow.Config().replace(data={"L": 12}, model={"windows": "shifted"}, estimator={"N": 120, "target": "drawn"},
+                                 schedule={"kind": "joint", "t1": 0.3}, solver={"save_per_decade": 2})  # fmt: skip
+    traj = gflow.integrate(cfg)
+    res = evaluate(traj, ["data.L=12"], plot=False)
+    assert abs(res.rows[0]["loss"] - float(traj.loss[-1])) <= 4 * np.spacing(float(traj.loss[-1]))
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    assert np.all(np.asarray(loss.feats.cond).max(-1) == 1.0)  # the run's targets are one-hot e(y)
+    lad = res.ladders[0]  # the oracle's log loss against e(y) has mean E H(π(·|z_q)), not the drawn token's ≈ 0
+    assert lad.mean("oracle") > 0.05 and abs(lad.mean("oracle") - lad.entropy) <= 4 * lad.se("oracle")
+
+
 def _empty_run(**sections):
     cfg = gflow.Config().replace(**sections) if sections else gflow.Config()
     m = cfg.model

@@ -19,7 +19,7 @@ TINY = {"data": {"d": 3, "L": 20}, "estimator": {"N": 200}, "schedule": {"durati
 
 @pytest.fixture
 def cli_mode(tmp_path, monkeypatch):
-    """What `gflow` on the command line sets (gflow.cli._enable_compilation_cache): equinox's
+    """What `gflow` on the command line sets (gflow.cli.enable_compilation_cache): equinox's
     checks in "nan" mode (no host callback) and the export cache on; caches cleared before
     and after so that no trace of the other mode is reused."""
     monkeypatch.setattr(_errors, "EQX_ON_ERROR", "nan")

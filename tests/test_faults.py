@@ -302,7 +302,7 @@ def test_unexpected_error_exits_4_logs_and_marks_failed(tmp_path, capsys, monkey
     assert tr.status.startswith("failed: unexpected TypeError")
     gflow.dynamics._flow.check_resumable(tr, cfg)  # resumable with its configuration
     # a command without a folder: the traceback goes to a temporary file that the line names
-    monkeypatch.setattr("gflow.cli._cmd_theory", lambda args: 1 / 0)
+    monkeypatch.setattr("gflow.cli._commands.cmd_theory", lambda args: 1 / 0)
     assert main(["theory"]) == 4
     err = capsys.readouterr().err
     assert "ZeroDivisionError" in err and "gflow-" in err and err.count("\n") == 1

@@ -16,9 +16,9 @@ import gflow
 from gflow.core._model import Params
 from gflow.trajectory import _ARRAYS
 
-# The test-size staged run (scripts/small.toml: d = 3, parents (1, 2), L = 40,
+# The test-size staged run (scripts/configs/small.toml: d = 3, parents (1, 2), L = 40,
 # N = 2000); the `small_run` fixture (conftest.py) integrates it once.
-SMALL = gflow.load_config(Path(__file__).resolve().parents[1] / "scripts" / "small.toml")
+SMALL = gflow.load_config(Path(__file__).resolve().parents[1] / "scripts" / "configs" / "small.toml")
 
 
 def _rows(traj, k):

@@ -3,7 +3,7 @@ invalid: huge, negative, wrong types, NaN/inf, bools, nested lists, ragged and d
 methods, unknown keys, sizes beyond memory) through ``gflow run CONFIG --dry-run`` in-process
 (validation and the memory preflight, no compute): every invalid one exits 2 with one message
 naming a key, every valid one passes, no traceback, no hang. The generator and the classes are
-those of ``scripts/fuzz_inputs.py``, which prints the counts for larger samples."""
+those of ``tests/fuzz_inputs.py``, which prints the counts for larger samples."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fuzz():
-    spec = importlib.util.spec_from_file_location("fuzz_inputs", ROOT / "scripts" / "fuzz_inputs.py")
+    spec = importlib.util.spec_from_file_location("fuzz_inputs", ROOT / "tests" / "fuzz_inputs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

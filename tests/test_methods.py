@@ -99,6 +99,21 @@ def test_every_method_writes_a_folder_load_check_and_plot_accept(folders, method
     every figure (with ``seeds`` for a stochastic method only); ``gflow.load`` reads it back
     with a seed axis exactly for the stochastic methods."""
     d, rc_run, rc_check, rc_plot = folders(method)
+    assert rc_run == 0
+    tr = gflow.load(d)
+    assert tr.status == "complete" and tr.config.solver.method == method
+    assert tr.ts[-1] == pytest.approx(0.3) and np.all(np.isfinite(tr.a))
+    assert rc_check in (0, 1)
+    rep = json.loads((d / "report.json").read_text())
+    assert rep["passed"] == (rc_check == 0) and rep["rows"][0]["passed"] is True  # the trajectory is finite
+    assert rc_plot == 0
+    figs = sorted(p.stem for p in (d / "figures").iterdir())
+    stochastic = method in STOCHASTIC_METHODS
+    assert figs == (["loss", "seeds"] if stochastic else ["loss"])
+    assert tr.n_seeds == (2 if stochastic else 0)
+    assert json.loads((d / "run.json").read_text())["seeds"] == tr.n_seeds
+
+
 @pytest.mark.parametrize("method", STOCHASTIC_METHODS)
 def test_stochastic_run_equals_the_python_functions(folders, method):
     """The folder's seed axis is seed r of ``gflow.sgd(config)`` / ``gflow.sde(config)`` for the

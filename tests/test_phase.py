@@ -208,3 +208,42 @@ def test_flow_columns(tmp_path):
         # the paper's verdict fails exactly where its criterion picks another set
         assert r["verdict_paper"] == ("pass" if r["S_star"] == r["selected"] else "fail")
     assert res.rows[1]["verdict_gflow"] == "pass"  # w₊ = 3: gflow agrees with its own theory
+
+
+def _synthetic_body():
+    """A 4 × 3 grid of theory rows (no compute; the last field varies fastest): argmax J = {1,2},
+    {2}, {1}, {1} along w₊ with gaps of 6, 2, 2, 6 paired SE (the middle two undecided), S* =
+    {1,2} everywhere."""
+    winners, z = ["{1,2}", "{2}", "{1}", "{1}"], [6.0, 2.0, 2.0, 6.0]
+    xs, ys = [1.0, 2.0, 4.0, 8.0], [0.1, 0.3, 1.0]
+    results = []
+    for j, x in enumerate(xs):
+        for i, y in enumerate(ys):
+            se = 0.01 * (i + 1)
+            results.append({"index": j * 3 + i, "point": {"init.w_plus": x, "data.alpha": y}, "theory": {
+                "S_star": "{1,2}", "Itilde_uncertain": False, "argmax_J": winners[j], "J_gap": z[j] * se,
+                "J_gap_se": se, "J_uncertain": z[j] < 3}})  # fmt: skip
+    return {"fields": ["init.w_plus", "data.alpha"], "values": [xs, ys], "results": results, "flow": False,
+            "n_pi": 100, "base_config": {"estimator": {"N": 200}}}  # fmt: skip
+
+
+def test_phase_map_draws_the_gap_and_says_what_n_decides():
+    """phase_map: the legend lists only the colours drawn ({2} is on an undecided cell only), the
+    last panel is the signed J gap in SE with its zero contour (the boundary of the most frequent
+    winner {1}'s phase), and the title counts the undecided cells with the N that would decide
+    the median one, N·(3/z)² = 200·(3/2)² = 450."""
+    from matplotlib.contour import ContourSet
+
+    from gflow.figures._phase import _Grid, phase_map_figure
+
+    fig = phase_map_figure(_Grid(_synthetic_body()))
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["{1,2}", "{1}", "undecided (top two within 3 paired SE)"]
+    gap = fig.axes[2]
+    z = np.array([6.0, 2.0, 2.0, 6.0]) * np.array([-1, -1, 1, 1])
+    np.testing.assert_allclose(gap.images[0].get_array(), np.tile(z[:, None], (1, 3)))  # a row per w₊
+    contours = [c for c in gap.collections if isinstance(c, ContourSet)]
+    assert [list(c.levels) for c in contours] == [[0.0], [-3.0, 3.0]]
+    title = fig._suptitle.get_text()
+    assert "6 of 12 cells undecided by J: N is too small to decide them" in title and "N ≈ 450" in title
+    assert "undecided by Ĩ" not in title

@@ -111,7 +111,7 @@ def _theory(sets) -> Theory:
     L = 0.7 - np.cumsum(F) * (a[1] - a[0])
     win = (float(a[inside[0]]), float(a[inside[-1]]))
     law = StageIIILaw(
-        S=(1, 2), a=a, F=F, F_se=0.01 * np.exp(-a), Fexp=Fexp, Fexp_se=np.full_like(a, 0.01), L=L,
+        S=(1, 2), a_grid=a, F=F, F_se=0.01 * np.exp(-a), Fexp=Fexp, Fexp_se=np.full_like(a, 0.01), L=L,
         L_se=np.full_like(a, 0.005), C_star=float(Fexp[i]), C_star_se=0.01, a_C_star=float(a[i]), window=win,
         window_intervals=(win,), window_is_interval=True, window_clipped=(False, False), a_star=3.5,
         a_star_se=0.05, F_zeros=(3.5,), L_inf=float(L[-1]), limit_loss=float(L.min()), limit_loss_se=0.005,

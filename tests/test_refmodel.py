@@ -414,7 +414,7 @@ def test_gd_norm_identity_and_flow_conservation():
 
 
 def _script():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "studies"))
     try:
         import reproduce_published_run as r
     finally:

@@ -27,7 +27,7 @@ from gflow.runs import lock
 from gflow.trajectory import RunFolderError, StageRecord, Trajectory, load, save
 
 ROOT = Path(gflow.__file__).resolve().parents[1]
-SMALL = ROOT / "scripts" / "small.toml"
+SMALL = ROOT / "scripts" / "configs" / "small.toml"
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 

@@ -1,4 +1,4 @@
-"""Second derivatives of L̂ through the κ table (gflow.core.table_hessian, grad_hvp; README §M9):
+"""Second derivatives of L̂ through the κ table (gflow.core.table_hessian, grad_hvp; docs/theory/mathematics.md §M9):
 the same numbers as JAX's own second derivatives, in every layout and loss they apply to."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Hessian spectrum along a trajectory, GD's stability edge and GD's modified flow
-(README §M9)."""
+(docs/theory/mathematics.md §M9)."""
 
 from __future__ import annotations
 
@@ -321,6 +321,17 @@ def test_run_spectrum_saved_and_drawn(tmp_path, small_loss):
     fig = plot_sharpness(tr, sp)
     ax = fig.axes[0]
     assert any(np.allclose(line.get_ydata(), 2 / 0.05) for line in ax.get_lines())
+    # the edge over the whole run: the smallest 2/λ_max and where, drawn and quoted with the method
+    k = int(np.argmin(sp.eta_c))
+    assert sp.eta_c_min == float(np.min(2 / sp.lam_max)) and sp.where_eta_c_min == (float(sp.ts[k]), "joint")
+    title = fig._suptitle.get_text()
+    assert "(GD (η = 0.05))" in title and f"min over the run η_c = 2/λ_max = {sp.eta_c_min:.3g}" in title
+    assert ax.get_title().startswith("joint GD (η = 0.05)")
+    stars = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
+    if sp.ts[k] > 0:
+        assert len(stars) == 1 and np.allclose(stars[0].get_ydata(), 2 / sp.eta_c_min) and "(★)" in title
+    else:
+        assert not stars and "left of the log axis" in title
     from gflow.figures import draw_run
 
     paths = draw_run(out, tmp_path / "figs", traj=tr, spectrum=saved_spectrum(out, tr))

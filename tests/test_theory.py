@@ -343,10 +343,10 @@ def test_stage3_landmarks_satisfy_their_definitions(loss_d3):
     assert law.a_star is not None and hi < law.a_star < 30
     assert abs(float(gih.force(law.a_star))) < 1e-9 * np.abs(law.F).max()
     assert float(gih.force(law.a_star - 1e-3)) > 0 > float(gih.force(law.a_star + 1e-3))
-    assert np.all(law.F[law.a < law.a_star] > 0)
+    assert np.all(law.F[law.a_grid < law.a_star] > 0)
     assert law.a_star_se is not None and 0 < law.a_star_se < 1
     # the limit loss is the infimum: at a*, below every grid value and L(∞)
-    lim = limit_loss(gih, a_grid=law.a)
+    lim = limit_loss(gih, a_grid=law.a_grid)
     assert lim["a"] == pytest.approx(law.a_star) and lim["loss"] <= law.L.min() + 1e-12
     assert lim["loss"] <= limit_loss(gih, a=math.inf)["loss"]
     assert limit_loss(gih, a=law.a_star)["loss"] == pytest.approx(lim["loss"], rel=1e-12)

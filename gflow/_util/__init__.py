@@ -9,6 +9,7 @@ exported programs (``_export_cache``). Nothing here knows the model.
 from ._export_cache import cached_call as cached_call
 from ._export_cache import disable_export_cache as disable_export_cache
 from ._export_cache import enable_export_cache as enable_export_cache
+from ._fit import PLATEAU_EXIT as PLATEAU_EXIT
 from ._fit import linear_fit as linear_fit
 from ._fit import log_slope as log_slope
 from ._fit import power_exponent as power_exponent

@@ -4,11 +4,11 @@
 JAX's persistent compilation cache skips XLA compilation in a second process, but
 not *tracing* and lowering: a warm ``gflow run`` still traced its three stage solves
 (a ``diffeqsolve`` with events and the steady test each), about 5 s of a 20 s run.
-:func:`call` instead keeps each traced solve as a serialized ``jax.export`` program
+:func:`cached_call` instead keeps each traced solve as a serialized ``jax.export`` program
 (StableHLO) in ``GFLOW_CACHE/export``: a second process deserializes it and calls it,
 and the compilation cache then supplies its executable.
 
-Only the command line turns it on (:func:`enable`, from ``gflow.cli``); importing gflow
+Only the command line turns it on (:func:`enable_export_cache`, from ``gflow.cli``); importing gflow
 changes nothing. A program is looked up by a hash of everything that determines it:
 the structure and static fields of the arguments (``str`` of their tree definition),
 the shapes and dtypes of their arrays, the static keywords, JAX's x64 flag, equinox's

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-__all__ = ["linear_fit", "log_slope", "power_exponent"]
+__all__ = ["PLATEAU_EXIT", "linear_fit", "log_slope", "power_exponent"]
 
 
 def linear_fit(x, y) -> tuple[float, float, float]:
@@ -36,10 +36,18 @@ def linear_fit(x, y) -> tuple[float, float, float]:
     return slope, icpt, se
 
 
-def log_slope(tau, a, window=None) -> tuple[float, int]:
+# Where a has left its plateau: the paper's law a = log(e^{a₀} + C*η_a τ) has the local slope
+# da/dlog τ = 1 − e^{a₀ − a}, below 1/2 (a plateau on a log axis) until a = a₀ + log 2.
+PLATEAU_EXIT = math.log(2.0)
+
+
+def log_slope(tau, a, window=None, *, a_start: float | None = None) -> tuple[float, int]:
     """The slope of ``a`` against ``log τ`` (least squares) over the points
     with ``τ > 0`` and, if `window` ``(lo, hi)`` is given, ``lo ≤ a ≤ hi``
     (docs/theory/mathematics.md §M6.4: the paper's ``a(t) = log t + O(1)`` gives slope 1).
+    With `a_start` (a at τ = 0) only the points past the plateau count,
+    ``a ≥ a_start + log 2`` (:data:`PLATEAU_EXIT`): before it the law
+    ``log(e^{a₀} + C*η_a τ)`` is flat on a log axis whatever its slope later.
 
     **Returns:** ``(slope, number of points used)``; the slope is NaN with
     fewer than 2 points.
@@ -50,6 +58,8 @@ def log_slope(tau, a, window=None) -> tuple[float, int]:
     if window is not None:
         lo, hi = window
         m &= (a >= lo) & (a <= hi)
+    if a_start is not None:
+        m &= a >= float(a_start) + PLATEAU_EXIT
     n = int(m.sum())
     if n < 2:
         return math.nan, n

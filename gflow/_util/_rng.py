@@ -11,7 +11,7 @@ exactly what ``jax.random.uniform`` and ``jax.random.normal`` compute for a Thre
 same counters, hash and bit-to-float map, so the same numbers, bit for bit (tested).
 For any other key implementation, or with that flag off, they call ``jax.random``.
 
-Used by the fresh-sequence sampler of online SGD (:func:`gflow.data.sample_fast`),
+Used by the fresh-sequence sampler of online SGD (:func:`gflow.core._data.sample_fast`),
 where drawing the random numbers was a third of a step.
 """
 
@@ -79,7 +79,7 @@ def uniform(key, shape, dtype=jnp.float64, minval=0.0, maxval=1.0):
     lo, hi = jnp.asarray(minval, dtype), jnp.asarray(maxval, dtype)
     # Kept for speed, not for fusion: it does not stop XLA from fusing the hash into
     # several consumers (see above), but the SGD step is measured 0.4–5 % faster with it
-    # (three paired runs of scripts/bench_joint.py --part sgd --devices 2).
+    # (three paired runs of scripts/benchmarks/bench_joint.py --part sgd --devices 2).
     return jax.lax.optimization_barrier(jnp.maximum(lo, floats * (hi - lo) + lo))
 
 

@@ -35,7 +35,7 @@ def contrast(s, c_frac, S, sets, model=None) -> float:
     ``λ = 1`` exactly when the copier is one-hot on S and ``c = e_S``.
 
     `s` is the copier attention ``(H, M)``, `c_frac` ``c/Σc`` in the order of `sets`;
-    `model` (a :class:`~gflow.model.ModelConfig`) says where head h's own offset
+    `model` (a :class:`~gflow.ModelConfig`) says where head h's own offset
     sits in ``s[h−1]`` (default: the aligned windows, index ``h − 1``).
     """
     S = tuple(S)
@@ -77,7 +77,7 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
     down-crossing of F above `a_from` (if ``F(a_from) < 0`` the flow moves down,
     and the nearest zero below `a_from` is returned; ``a_from`` if ``F(a_from) = 0``).
     Grid of `spacing` on ``[a_from, a_max]``, then Newton's method safeguarded by the
-    bracket (:func:`_bracketed_root`, with ``F'`` by automatic differentiation) on the
+    bracket (:func:`gflow._util.bracketed_root`, with ``F'`` by automatic differentiation) on the
     exact sample mean to ``1e-12``. ``None`` when F > 0 on the whole grid (no finite
     zero up to `a_max`)."""
     dt = loss.eps.dtype

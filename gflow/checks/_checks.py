@@ -3,9 +3,9 @@
 :func:`check` compares a :class:`~gflow.trajectory.Trajectory` with its
 :class:`~gflow.theory.Theory` and returns a :class:`Report`, one :class:`Row`
 per prediction: ``name, claim, predicted, measured, tolerance, passed``.
-:func:`check_run` does the same for a run folder and writes ``report.json``
+:func:`gflow.check_run` does the same for a run folder and writes ``report.json``
 and ``report.md`` (and ``theory.json`` through
-:func:`~gflow.theory.load_or_compute`).
+:func:`~gflow.runs.load_or_compute`).
 
 **Claims and verdicts** (docs/theory/mathematics.md §M8.1). Every row names its claim:
 
@@ -46,8 +46,8 @@ and ``a*|1/λ_w − 1|`` (λ_w the copier's part of λ) are the Stage III tolera
 measured effect of the selector's residual mass on other sets added (it is not a dilution:
 their kernels carry information). Staged Stage III itself settles at the zero a° of the
 force at its frozen (w, C), checked exactly (``III: a at end vs a°``). The rows, their tolerances
-and wrong answers are documented in the row functions (``gflow._rows_stage1``,
-``gflow._rows_stage23``; their common context in ``gflow._check_base``).
+and wrong answers are documented in the row functions (``gflow.checks._rows_stage1``,
+``gflow.checks._rows_stage23``; their common context in ``gflow.checks._base``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import time
 
 from .._util import linear_fit, log_slope, power_exponent
 from ..core import PopulationLoss, make_loss
-from ..theory import Theory, theory_report
+from ..theory import Theory, theory_report, unrepresented_parents
 from ..trajectory import Trajectory, selected_set
 from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
@@ -185,6 +185,9 @@ def check(
     if sel is not None:
         theory = theory.with_law(loss, sel)
     ctx = Ctx(traj, theory, loss, k_se)
+    unrep = unrepresented_parents(cfg.data, cfg.model)
+    if unrep is not None:
+        ctx.notes.append(f"warning: {unrep}")
     if not traj.integrated:
         ctx.notes.append(f"run status {traj.status!r}: rows of unfinished stages are undecided or skipped")
     row_finite(ctx)
@@ -200,7 +203,7 @@ def check(
     rows_stage3(ctx)
     rows_ladder(ctx)
     rows_laws(ctx)
-    ctx.notes.extend(f"theory: {n}" for n in theory.notes)
+    ctx.notes.extend(f"theory: {n}" for n in theory.notes if n != unrep)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(
         rows=ctx.rows,

@@ -11,7 +11,7 @@ import numpy as np
 
 from .._util import jsonable, table_cell
 
-__all__ = ["CLAIMS", "Report", "Row", "decided_row"]
+__all__ = ["CLAIMS", "SYMBOLS", "Report", "Row", "decided_row", "used_symbols"]
 
 CLAIMS = ("paper", "finite", "exact")
 
@@ -83,6 +83,47 @@ def decided_row(name, predicted, measured, tolerance, *, claim, rule, wrong, why
         return Row(name, predicted, measured, f"info: {why_not}", None, claim, rule, wrong)
     return Row(name, predicted, measured, tolerance, probe.decide(measured), claim, rule, wrong)
 
+
+
+# What every symbol of a report means (report.md ends with the ones it uses; docs/guides/checks.md
+# has the rows, docs/theory/mathematics.md the derivations). Order: as a reader meets them.
+SYMBOLS: dict[str, str] = {
+    "L̂": "the Monte Carlo population loss on the run's N sequences (its gradient ∇L̂ is what the flow follows)",
+    "c/Σc": "the selector's weights c_S = C_S² normalised over the parent sets S of 𝒮",
+    "𝒮": "the parent sets the selector can pick: every S ⊆ {1..H} with |S| ≤ D (head h reads offset h)",
+    "Ĩ": "the modified χ²-mutual information of a parent set, averaged over the prior's kernels (the paper's Stage I criterion)",
+    "S*": "argmax Ĩ: the paper's prediction of the set Stage I selects",
+    "J": "J(S) = −∂L̂/∂a at a = 0 with c = e_S: gflow's finite-size Stage I rate of S on the run's own sample",
+    "δ": "the stage events' threshold: Stage I ends when a set's c/Σc ≥ 1 − δ, Stage II when its heads' s^(h)_h ≥ 1 − δ",
+    "s^(h)": "head h's copier attention softmax(w^(h)); s^(h)_h its weight on its own offset h",
+    "β": "the Stage II exponent: 1 − s^(h)_h ~ τ^(−β)",
+    "τ": "a stage's own clock, τ = t − t₀ from the stage's start (a joint run: τ = t)",
+    "η_a": "the classifier's time scale: ∂ₜa = −η_a ∂L̂/∂a (schedule.eta_a); η_C, η_w likewise for C and w",
+    "F(a)": "the GIH's force F(a) = −dL_GIH/da of the selected set (its law ∂τa = η_a F(a))",
+    "L_GIH": "the loss of the generalised induction head (GIH) of a set at classifier scale a",
+    "C*": "max_a F(a)·e^a: the constant of the paper's law ∂τa ≈ η_a C* e^{−a}",
+    "window": "the validity window {a : F(a)e^a ≥ C*/2}, where a(τ) follows log τ",
+    "a*": "the zero of F: the GIH's fixed point, where Stage III settles for a one-hot copier and c = e_S",
+    "a°": "the zero of the model's own −∂L̂/∂a at Stage III's frozen (w, C): where staged Stage III settles exactly",
+    "λ": "the contrast (c_S/Σc)·Π_{h∈S}(s^(h)_h)² of the selected set S: to first order the model is the GIH "
+         "with a shrunk to λa (law λF(λa), zero a*/λ); λ_w is the copier's part Π(s^(h)_h)²",
+    "ρ": "the measured effect of the selector's residual mass on other sets (the model at its c against c = e_S); "
+         "ρ_a the same for the zero a°",
+    "paired SE": "the standard error of the mean of a per-sequence difference (both sides on the same sequences)",
+    "SE": "a Monte Carlo standard error (std/√N over the sequences; over the seeds for a stochastic run)",
+}
+
+
+def used_symbols(text: str) -> list[str]:
+    """The symbols of :data:`SYMBOLS` that occur in `text` ("SE" only outside "paired SE")."""
+    out = []
+    for sym in SYMBOLS:
+        if sym == "SE":
+            if "SE" in text.replace("paired SE", ""):
+                out.append(sym)
+        elif sym in text:
+            out.append(sym)
+    return out
 
 
 def _result(p) -> str:
@@ -178,6 +219,7 @@ class Report:
                 f"C* = {table_cell(t.get('C_star'))}, window = {table_cell(t.get('window'))}, a* = {table_cell(t.get('a_star'))}, "
                 f"inf L_GIH = {table_cell(t.get('limit_loss'))}"
             )
+        out += [n for n in self.notes if n.startswith("warning: ")]
         v = self.verdict
         for claim, key in (("finite", "gflow"), ("paper", "paper")):
             rows = [x for x in self.rows if (x.claim == "paper") == (claim == "paper")]
@@ -212,6 +254,11 @@ class Report:
             "decidable by this run; the tolerance says which) and count towards neither verdict. "
             "`gflow check` exits 1 only when the gflow verdict fails."
         )
+        body = "\n".join(out)
+        syms = used_symbols(body)
+        if syms:
+            out += ["", "Symbols (every row is explained in docs/guides/checks.md of gflow's documentation):", ""]
+            out += [f"- **{esc(k)}**: {esc(SYMBOLS[k])}" for k in syms]
         return "\n".join(out) + "\n"
 
     def table(self) -> str:

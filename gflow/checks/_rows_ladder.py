@@ -1,5 +1,5 @@
 """Check-report rows of the loss ladder (docs/theory/mathematics.md §M8.3): the flow's loss at the
-end on the ladder of the run's own sample (:mod:`gflow.ladder`)."""
+end on the ladder of the run's own sample (:mod:`gflow.theory._ladder`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def rows_ladder(ctx: Ctx) -> None:
     theta = Params(w=jnp.asarray(tr.w[-1], dt), C=jnp.asarray(tr.C[-1], dt), a=jnp.asarray(tr.a[-1], dt))
     try:
         lad = loss_ladder(ctx.loss, ctx.cfg.data, S=S, params=theta, a_gih=None if law is None else law.a_limit,
-                          pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator))  # fmt: skip
+                          pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator), estimator=ctx.cfg.estimator)  # fmt: skip
     except ValueError as e:  # parents beyond the counts layout's window
         ctx.skip("loss ladder", str(e))
         return

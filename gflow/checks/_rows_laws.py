@@ -1,4 +1,4 @@
-"""Report rows from the laws per model (:mod:`gflow.laws`; docs/theory/mathematics.md §M8.7).
+"""Report rows from the laws per model (:mod:`gflow.theory._laws`; docs/theory/mathematics.md §M8.7).
 
 - Stage I for a run the sum-norm linearisation does not cover (``norm =
   "layer"``): the rates at t = 0 and the selected set from the model's own
@@ -235,7 +235,7 @@ def _row_ce_approach(ctx: Ctx) -> None:
         why = "fewer than 6 saved points in the last decade"
     ctx.add(
         decided_row(
-            name, 1.0, float(p), f"[0.8, 1.25]; K = lim e^a F = {tail.K:.3g} > 0, no zero of F on [0, {law.a[-1]:g}]",
+            name, 1.0, float(p), f"[0.8, 1.25]; K = lim e^a F = {tail.K:.3g} > 0, no zero of F on [0, {law.a_grid[-1]:g}]",
             claim="finite", rule=("interval", 0.8, 1.25), wrong=0.5, why_not=why,
         )
     )  # fmt: skip

@@ -206,7 +206,7 @@ def row_norm(ctx: Ctx) -> None:
     ∇_C L̂ ⟂ C); tolerance the adaptive solver's accumulated local-error budget
     ``2·steps·(rtol + atol·√|𝒮|/‖C‖)``. Wrong answer: a relative drift of 1e-3.
     Informational for gradient descent (explicit Euler grows ‖C‖² by η²‖∇_C L̂‖²), its
-    modified flow (d‖C‖²/dt = η λ_C² ‖∇_C L̂‖², README §M9), SGD and the SDE."""
+    modified flow (d‖C‖²/dt = η λ_C² ‖∇_C L̂‖², docs/theory/mathematics.md §M9), SGD and the SDE."""
     rec, idx, _, _ = stage1_end(ctx)
     n2 = np.sum(np.asarray(ctx.traj.C[idx], np.float64) ** 2, axis=1)
     if n2[0] == 0:

@@ -4,13 +4,14 @@ answer in its docstring."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import cached_call, linear_fit, log_slope, power_exponent
-from ..theory import gih_dforce, gih_force, gih_force_per_seq, gih_ode
+from .._util import PLATEAU_EXIT, linear_fit, log_slope, power_exponent
+from ..theory import gih_dforce, gih_force, gih_force_per_seq
 from ._base import (
     EVENT_SLACK,
     Ctx,
@@ -167,14 +168,13 @@ class _S3:
         self.lam_pts = np.array([contrast(tr.s[i], tr.c_frac[i], S, ctx.sets, ctx.cfg.model) for i in self.pts])
         lo, hi = self.law.window
         self.inwin = (self.a >= lo) & (self.a <= hi) & (self.tau > 0)
+        # the selected set's law from the stage's start (a joint run: from t = 0), at the saved τ
+        # (StageIIILaw.a; None where the law cannot be followed from a₀: no zero below a₀)
         self.a_gih = self.a_lam = None
-        if not ctx.joint:
-            ts, a0 = jnp.asarray(self.tau, jnp.float64), jnp.asarray(self.a_start, jnp.float64)
-            def ode(lam):  # through the command line's cache of traced programs (a diffeqsolve: ~1 s to trace)
-                args = (self.gih, a0, jnp.asarray(lam, jnp.float64), jnp.asarray(self.eta_a, jnp.float64), ts)
-                return np.asarray(cached_call(gih_ode, args, {}))
-
-            self.a_gih, self.a_lam = ode(1.0), ode(self.lam_end)
+        with contextlib.suppress(ValueError):
+            self.a_gih = self.law.a(self.tau, self.a_start, self.eta_a)
+            if self.lam_end > 0:
+                self.a_lam = self.law.a(self.tau, self.a_start, self.eta_a, lam=self.lam_end)
         self.joint_why = "joint schedule: the Stage III law is the staged flow's" if ctx.joint else None
 
 
@@ -186,29 +186,40 @@ def _one_hot_C(ctx: Ctx, S) -> np.ndarray:
 
 
 def _row_slope_paper(ctx: Ctx, d: _S3) -> None:
-    """Paper: the slope of a against log τ over the saved times with a in the
-    selected set's validity window is 1 (``a = log t + O(1)``); allowed
-    ``[1/2, 2]``, the factor 2 by which the window lets ``F e^a`` vary. Wrong
-    answer: the slope × 2.5 (or ÷ 2.5 below 1), e.g. ``a = (1/3) log t``."""
+    """Paper: the slope of a against log τ is 1 (``a = log t + O(1)``), fitted over the saved
+    times with a in the selected set's validity window **and past the plateau**,
+    ``a ≥ a₀ + log 2`` (a₀ = a at the stage's start): the paper's own law
+    ``log(e^{a₀} + C*η_a τ)`` has the local slope ``1 − e^{a₀−a}``, below 1/2 (flat on a log
+    axis) until then, so decades of τ spent at a ≈ a₀ would pull any fit towards 0 (with
+    parents (1, 5) at L = 20 a fit from τ = 2·10⁻⁴ gave 0.13). Allowed ``[1/2, 2]``, the factor
+    2 by which the window lets ``F e^a`` vary. Wrong answer: the slope × 2.5 (or ÷ 2.5 below
+    1), e.g. ``a = (1/3) log t``."""
     lo, hi = d.law.window
-    slope, n = log_slope(d.tau, d.a, (lo, hi))
+    lo_fit = max(lo, d.a_start + PLATEAU_EXIT)
+    slope, n = log_slope(d.tau, d.a, (lo, hi), a_start=d.a_start)
+    fit = (d.a >= lo_fit) & (d.a <= hi) & (d.tau > 0)
     name = "III: slope of a vs log τ in window (paper: 1)"
     why = ctx.outside("paper") or d.joint_why
+    where = f"a ∈ [{lo_fit:.3g}, {hi:.3g}]: the window [{lo:.3g}, {hi:.3g}] past the plateau a ≥ a₀ + log 2 = " \
+            f"{d.a_start + PLATEAU_EXIT:.3g}"  # fmt: skip
+    if n >= 2:
+        where += f", τ ∈ [{d.tau[fit].min():.3g}, {d.tau[fit].max():.3g}]"
     if n < 3:
-        why = why or f"{n} saved times with a in the window [{lo:.3g}, {hi:.3g}]"
+        why = why or f"{n} saved times with {where}"
     wrong = None if not math.isfinite(slope) else (slope * 2.5 if slope >= 1 else slope / 2.5)
     ctx.add(
         decided_row(
             name, 1.0, None if not math.isfinite(slope) else slope,
-            f"within [1/2, 2]: the window lets F·e^a vary by 2 ({n} pts, a ∈ [{lo:.3g}, {hi:.3g}])",
+            f"within [1/2, 2]: the window lets F·e^a vary by 2 ({n} pts, {where})",
             claim="paper", rule=("interval", 0.5, 2.0), wrong=wrong, why_not=why,
         )
     )
-    if d.a_gih is not None and d.inwin.sum() >= 3:
-        x = np.log(d.tau[d.inwin])
+    if fit.sum() >= 3:
+        x = np.log(d.tau[fit])
         ctx.info("III: slope of a vs log τ in window (GIH law, λ-rescaled law)",
-                 [linear_fit(x, d.a_gih[d.inwin])[0], linear_fit(x, d.a_lam[d.inwin])[0]], slope,
-                 f"da/dτ = η_a F(a) and η_a λF(λa), λ = {d.lam_end:.4g}, fitted on the same times", "finite")  # fmt: skip
+                 [linear_fit(x, d.a_gih[fit])[0], linear_fit(x, d.a_lam[fit])[0]], slope,
+                 f"the laws da/dτ = η_a F(a) and η_a λF(λa), λ = {d.lam_end:.4g}, from a₀ at τ = 0 "
+                 "(StageIIILaw.a), fitted on the same times", "finite")  # fmt: skip
 
 
 def _row_force(ctx: Ctx, d: _S3) -> None:
@@ -256,9 +267,9 @@ def _row_force(ctx: Ctx, d: _S3) -> None:
 def _frozen_zeros(ctx: Ctx, d: _S3) -> tuple[float | None, float | None]:
     """``a°``: the zero of the model's force ``−∂L̂/∂a`` at the end's (w, C) that
     Stage III's one-dimensional flow from its start settles at
-    (:func:`~gflow._check_base.model_zero`), and the same with the selector
+    (:func:`~gflow.checks._base.model_zero`), and the same with the selector
     one-hot on S (``C = e_S``) at the same w."""
-    tr, a_max = ctx.traj, float(d.law.a[-1])
+    tr, a_max = ctx.traj, float(d.law.a_grid[-1])
     w, C = tr.w[d.end], tr.C[d.end]
     a0 = model_zero(ctx.loss, w, C, d.a_start, a_max)
     a0_S = model_zero(ctx.loss, w, _one_hot_C(ctx, d.S), d.a_start, a_max)
@@ -315,8 +326,10 @@ def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
       left on {2} beside the selected {1} moves the zero by +0.16, four times
       the dilution a*(1/0.99 − 1) = 0.04; docs/theory/laws.md).
 
-    Undecided unless Stage III ran long enough (the flow and the GIH law both
-    settled within a quarter of the tolerance). Wrong answer: ``a + 1``.
+    Undecided unless Stage III (a joint run: the run) ran long enough to have reached the
+    limit's regime: the flow settled (``τ·∂τa`` within a quarter of the tolerance) and, by the
+    law's own predicted time (:meth:`gflow.StageIIILaw.tau_to`), the GIH law from the stage's
+    start a₀ within a quarter of it by τ_end. Wrong answer: ``a + 1``.
     **Returns** whether Stage III was too short."""
     name = "III: a at end vs a* (selected set)"
     a_end, a_star = float(ctx.traj.a[d.end]), d.law.a_star
@@ -336,8 +349,13 @@ def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
     if flow_moving > tol / 4.0:
         reasons.append(f"the flow still moves (τ·∂τa = {flow_moving:.3g})")
     if d.a_gih is not None and abs(float(d.a_gih[-1]) - a_star) > tol / 4.0:
-        reasons.append(f"the GIH law has not settled by τ_end (a = {float(d.a_gih[-1]):.4g})")
-    why = ctx.outside("gih_limit") or (f"Stage III too short: {'; '.join(reasons)}" if reasons else None)
+        # by the law's own predicted time: when would the GIH law from a₀ be within tol/4 of a*?
+        near = a_star - math.copysign(tol / 4.0, a_star - d.a_start)
+        need = float(d.law.tau_to(near, d.a_start, d.eta_a))
+        reasons.append(f"the GIH law from a₀ = {d.a_start:.3g} reaches a* ± tol/4 only at τ ≈ {need:.3g}, the run "
+                       f"ends at τ = {float(d.tau[-1]):.3g} (the law's a there: {float(d.a_gih[-1]):.4g})")
+    short = "the run is too short" if ctx.joint else "Stage III too short"
+    why = ctx.outside("gih_limit") or (f"{short}: {'; '.join(reasons)}" if reasons else None)
     if why is None and not math.isfinite(rho):
         why = "the model's force at the end's w has no zero on the theory's grid (ρ_a undefined)"
     ctx.add(decided_row(name, a_star, a_end, tol, claim="finite", rule=("abs", a_star, tol),
@@ -354,8 +372,9 @@ def _row_limit_loss(ctx: Ctx, d: _S3, too_short: bool) -> None:
     infimum), ρ = |L̂(c_end) − L̂(e_S)| at the end's w and a: the effect of the
     selector's frozen residual mass δ on other sets (it can only be measured,
     and can push the loss below the selected set's GIH infimum).
-    Wrong answer: the loss moved by half the GIH's gain ``L_GIH(0) − inf L_GIH``
-    (a model stuck halfway between the unigram and the induction head)."""
+    Undecided when the a* row found the run too short for its limit (a limit compared with an
+    end value the run has not reached). Wrong answer: the loss moved by half the GIH's gain
+    ``L_GIH(0) − inf L_GIH`` (a model stuck halfway between the unigram and the induction head)."""
     law, tr, dt = d.law, ctx.traj, ctx.loss.eps.dtype
     lim, a_lim = law.limit_loss, law.a_limit
     lm = np.asarray(model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
@@ -371,7 +390,8 @@ def _row_limit_loss(ctx: Ctx, d: _S3, too_short: bool) -> None:
     meas = float(tr.loss[d.end])
     why = ctx.outside("gih_limit")
     if too_short and not math.isinf(a_lim):
-        why = why or f"Stage III too short ({ctx.k_se:g} paired SE = {tol:.3g})"
+        short = "the run is too short for its limit" if ctx.joint else "Stage III too short"
+        why = why or f"{short} (the a* row says why; {ctx.k_se:g} paired SE = {tol:.3g})"
     ctx.add(
         decided_row(
             "limit loss: L̂ at end vs inf_a L_GIH (selected set)", lim, meas, tol,

@@ -16,7 +16,6 @@ from ._data import sample_kernels as sample_kernels
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law
 from ._family import AbstractModel as AbstractModel
-from ._tables import AbstractWindowModel as AbstractWindowModel
 from ._features import LAYOUTS as LAYOUTS
 from ._features import CountFeatures as CountFeatures
 from ._features import HeadFeatures as HeadFeatures
@@ -25,8 +24,8 @@ from ._features import SparseCountFeatures as SparseCountFeatures
 from ._features import count_features_flat as count_features_flat
 from ._features import features as features
 from ._features import features_time_major as features_time_major
-from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
+from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats
 from ._loss import PopulationLoss as PopulationLoss
 from ._loss import StageLoss as StageLoss
@@ -57,3 +56,4 @@ from ._second import grad_hvp as grad_hvp
 from ._second import has_table as has_table
 from ._second import outer_derivatives as outer_derivatives
 from ._second import table_hessian as table_hessian
+from ._tables import AbstractWindowModel as AbstractWindowModel

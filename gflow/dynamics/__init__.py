@@ -7,6 +7,8 @@ Layer rule: imports ``_util``, ``core``, ``gflow.config`` and ``gflow.trajectory
 hands every saved snapshot to an ``on_save`` hook instead of writing files itself.
 """
 
+from ._dense import DenseSolution as DenseSolution
+from ._dense import dense_solution as dense_solution
 from ._flow import FlowError as FlowError
 from ._flow import check_resumable as check_resumable
 from ._flow import integrate as integrate

@@ -11,7 +11,7 @@
 - ``solver.method = "gd"`` (extension): discrete gradient descent
   ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)`` on ``t = kη`` (explicit Euler with the
   constant step η), for either schedule;
-- ``solver.method = "modified"`` (extension, README §M9): GD's first-order
+- ``solver.method = "modified"`` (extension, docs/theory/mathematics.md §M9): GD's first-order
   modified flow ``dθ/dt = −Λg − (η/2) Λ H Λ g`` at GD's step ``η = solver.eta``,
   integrated by Tsit5 like the flow (same stages, events, coordinates, saves,
   progress and resume); ``η = 0`` is the flow.
@@ -340,7 +340,7 @@ _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's s
 class StageRun:
     """One run's passage through one stage, on the host: everything around the
     compiled solves, shared by the single driver (:func:`run_stage`) and the
-    batched one (``gflow.vmapped``), so the two cannot drift apart.
+    batched one (``gflow.dynamics._vmapped``), so the two cannot drift apart.
 
     It decides how the stage starts (:meth:`start`: a non-finite field fails at
     once, an event already met ends the stage, otherwise the stage's save grid
@@ -367,7 +367,7 @@ class StageRun:
         self.moves = stage_blocks(cfg, rec.name)
         self.member = member_of(cfg.model)
         self.index = index_of_stage(rec.name)
-        self.heads = self.member.heads_of(tuple(rec.selected or ()))
+        self.heads = self.member.heads_of(tuple(rec.selected or ())) if rec.name == "II" else ()
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
@@ -417,6 +417,8 @@ class StageRun:
     def end(self, ended_by: str) -> None:
         rec = self.rec
         rec.ended_by, rec.complete, rec.t1 = ended_by, True, self.t
+        if rec.name in ("I", "joint"):  # the stage that selects records what it selected
+            rec.selected = stage1_selection(self.traj)
         self._clock()
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ class SDEConfig(eqx.Module):
     - `dt`: the Euler–Maruyama step (default ``0``: ``η/4``); ``t1/dt`` is rounded up
       to whole steps.
     - `noise`: multiplies the diffusion (1: the SME; 0: the gradient flow).
-    - `save_per_decade`: saved steps per decade of the step count (as :func:`gflow.sgd.sgd`).
+    - `save_per_decade`: saved steps per decade of the step count (as :func:`gflow.sgd`).
     - `sigma_sample`: ``0`` (default: Σ from all N sequences of the fixed sample) or M with
       ``1 <= M <= N``: Σ from the first M sequences only (the sample is i.i.d., so a random
       subsample; the drift stays the full ``L̂_N``'s). Forming Σ costs M per-sequence
@@ -161,7 +161,7 @@ def _sde_settings(cfg: Config, sc: SDEConfig | None) -> SDEConfig:
 def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | None = None,
         params0: Params | None = None, progress: bool = False) -> SGDRun:  # fmt: skip
     """Integrate ``sde.seeds`` paths of the SME of ``config`` (module docstring) and
-    return them as an :class:`~gflow.sgd.SGDRun` (``steps`` counts Euler–Maruyama steps;
+    return them as an :class:`~gflow.SGDRun` (``steps`` counts Euler–Maruyama steps;
     ``ts = steps·dt``).
 
     ``config.schedule`` (which must be ``"joint"``) gives Λ; ``config.estimator`` the

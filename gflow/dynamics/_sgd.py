@@ -12,8 +12,8 @@ Two ways to draw batches:
   ``B`` new sequences (each with its own kernel π) from the data model, from the key
   ``fold_in(fold_in(key(seed), r), k)`` of seed r and step k, so the expected
   gradient is the population gradient ∇L. They are drawn by
-  :func:`gflow.data.sample_fast` (the data model's law exactly, by cheaper algorithms
-  than the fixed sample's :func:`gflow.data.sample`), their window counts for all seeds
+  :func:`gflow.core._data.sample_fast` (the data model's law exactly, by cheaper algorithms
+  than the fixed sample's :func:`gflow.sample`), their window counts for all seeds
   at once (``gflow.core.features_time_major``); ``estimator.target = "drawn"`` uses each
   sequence's sampled ``x_{L+1}``, as ``make_loss`` does;
 - ``sampling = "fixed"``: batches are drawn *without replacement* from the flow's fixed
@@ -192,7 +192,7 @@ def _loop(stepper: _Stepper, P: Params, keys, k0, k1):
 
 # XLA:CPU hands reductions to the YNNPACK library by default; on this step's small
 # reductions (over 64 windows, 3 tokens) its own loops are faster: 2.97 → 2.60 ms a step
-# (scripts/bench_joint.py --part sgd). A compile option of these programs only.
+# (scripts/benchmarks/bench_joint.py --part sgd). A compile option of these programs only.
 _COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 

@@ -1,7 +1,7 @@
 """The compiled solve of one stage's decade (docs/theory/mathematics.md §M4–§M5): the vector field,
 its evaluation counters, the step-size controller carried across solves, the
 events (and the steady ending), the joint flow's log coordinates, the save
-grids, and one ``diffeqsolve``. :mod:`gflow.flow` drives it.
+grids, and one ``diffeqsolve``. :mod:`gflow.dynamics._flow` drives it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class VectorField(eqx.Module):
     moving blocks only, so frozen blocks stay bit-for-bit fixed and an
     implicit solver's Jacobian is only as large as what moves.
 
-    With `eta_mod` (``solver.method = "modified"``, README §M9) the field is GD's
+    With `eta_mod` (``solver.method = "modified"``, docs/theory/mathematics.md §M9) the field is GD's
     first-order modified flow ``−Λg − (η/2) Λ H Λ g`` (``g = ∇L̂``, ``H = ∇²L̂``,
     both of the stage loss: the moving blocks only, so ``Λ`` is the stage's mask),
     its Hessian-vector product ``H(Λg)`` by the κ table's structure in the counts and
@@ -441,14 +441,17 @@ def stats_at(loss: PopulationLoss, ys: Params):
 def save_grid(t0: float, t_end: float, cfg: Config) -> np.ndarray:
     """Saved times of a stage in ``(t0, t_end]``: ``t0 + τ`` with τ on a
     logarithmic grid of ``save_per_decade`` points a decade from ``tau_min``
-    (each stage's clock starts at its start), ending exactly at ``t_end``; on
-    multiples of η for "gd"."""
+    (each stage's clock starts at its start), ending exactly at ``t_end``, with the
+    explicit ``solver.save_times`` inside it; on multiples of η for "gd"."""
     sc = cfg.solver
     dur = t_end - t0
     k = sc.save_per_decade
     n = max(1, int(np.floor(k * np.log10(dur / sc.tau_min) + 1e-9)) + 1) if dur > sc.tau_min else 1
     g = t0 + sc.tau_min * 10.0 ** (np.arange(n) / k)
     g = np.append(g[g < t_end], t_end)
+    if sc.save_times:  # explicit times inside the stage, beside the log grid (diffrax's SaveAt(ts=...))
+        x = np.asarray(sc.save_times, np.float64)
+        g = np.union1d(g, x[(x > t0) & (x < t_end)])
     if sc.is_gd:
         # whole steps only: the stage takes ⌈(t_end − t0)/η⌉ steps (its end is
         # rounded up to the next iterate), and every saved time is an iterate

@@ -1,4 +1,4 @@
-"""The Hessian spectrum along a trajectory and GD's stability edge (README §M9).
+"""The Hessian spectrum along a trajectory and GD's stability edge (docs/theory/mathematics.md §M9).
 
 GD ``θ_{k+1} = θ_k − η Λ g`` (``g = ∇L̂``) is linearly stable near θ iff
 ``η < η_c(θ) = 2/λ_max(Λ^{1/2} H Λ^{1/2})``, ``H = ∇²L̂`` the Hessian of the run's
@@ -40,6 +40,7 @@ the joint Λ = I high, and GD with a fixed η past its edge until ‖C‖ has gr
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import equinox as eqx
@@ -188,6 +189,10 @@ class Spectrum:
     - `labels` ``(P,)``: the coordinates' labels; `blocks` ``(P,)``: their blocks.
     - `eta`: the run's GD step where it has one (``solver.method`` "gd", "modified"
       or "sgd"), else ``None``.
+
+    Derived: :attr:`lam_max`, :attr:`lam_min`, :attr:`eta_c` (``2/λ_max`` at every time),
+    :attr:`eta_c_min` (its minimum over the run) and :attr:`where_eta_c_min` (where),
+    :attr:`block_weights`, :attr:`top_block`.
     """
 
     ts: np.ndarray
@@ -216,6 +221,23 @@ class Spectrum:
         lm = self.lam_max
         with np.errstate(divide="ignore"):
             return np.where(lm > 0, 2.0 / np.where(lm > 0, lm, 1.0), np.inf)
+
+    @property
+    def eta_c_min(self) -> float:
+        """GD's stability edge over the whole run: the smallest ``η_c(t) = 2/λ_max(t)`` over the
+        computed times (and seeds). GD at a fixed η is linearly stable along the run only below
+        it: η_c can fall by orders of magnitude as the flow sharpens (125× along a joint flow at
+        L = 20, N = 200 by t = 21), so ``η_c(0)`` alone says nothing about later times."""
+        ec = np.asarray(self.eta_c, np.float64)
+        return float(np.min(ec)) if ec.size else math.inf
+
+    @property
+    def where_eta_c_min(self) -> tuple[float, str]:
+        """``(t, stage)`` of the saved time where :attr:`eta_c_min` is reached (for seeds: of the
+        seed mean's smallest)."""
+        ec = np.asarray(self.eta_c, np.float64).reshape(-1, len(self.ts)).min(0)
+        k = int(np.argmin(ec))
+        return float(self.ts[k]), str(self.stage[k])
 
     @property
     def block_weights(self) -> np.ndarray | None:
@@ -298,7 +320,7 @@ def hessian_spectrum(
     **Cost:** per state, the structured Hessian of the counts and sparse layouts (about
     11 gradients at the default), else one Hessian-vector product per moving
     coordinate (vmapped, about 44 gradients at the joint default), and a ``P × P``
-    ``eigh`` (README §M9 and ``scripts/bench_spectrum.py`` measure it in gradients).
+    ``eigh`` (docs/theory/mathematics.md §M9 and ``scripts/benchmarks/bench_spectrum.py`` measure it in gradients).
 
     **Raises:** ``ValueError`` for rows outside the trajectory, a bad `vectors`,
     `max_times` or `batch`, or states whose shapes are not the model's.

@@ -1,6 +1,6 @@
 """The stochastic methods as runs: ``solver.method = "sgd"`` or ``"sde"`` to a
-:class:`~gflow.trajectory.Trajectory` with a seed axis (README "Every method through
-``gflow run``").
+:class:`~gflow.trajectory.Trajectory` with a seed axis (docs/guides/stochastic.md,
+"Every method through ``gflow run``").
 
 :func:`integrate_stochastic` runs :func:`~gflow.dynamics.sgd` or
 :func:`~gflow.dynamics.sde` with the configuration's own settings

@@ -1,15 +1,15 @@
 """Several runs that differ only in their Monte Carlo sample, integrated together
-under ``vmap`` (extension; used by :mod:`gflow.replicates`).
+under ``vmap`` (extension; used by :mod:`gflow.runs._replicates`).
 
-:func:`integrate_batch` takes configurations that differ only in
+:func:`integrate_batch_with_errors` takes configurations that differ only in
 ``estimator.seed`` and returns the same trajectories as :func:`gflow.integrate`
 of each one (the same saved times, values equal to rounding), integrating
 them as one batch:
 
 - the R losses (:func:`gflow.make_loss` of each seed: identical shapes) are
   stacked along a new leading axis, and every stage's
-  :class:`~gflow.loss.StageLoss`, every ``diffeqsolve`` of a stage's decade
-  (``gflow._solve._solve_segment``) and the loss statistics at the saved
+  :class:`~gflow.core.StageLoss`, every ``diffeqsolve`` of a stage's decade
+  (``gflow.dynamics._solve.solve_segment``) and the loss statistics at the saved
   times run under ``eqx.filter_vmap`` over that axis. diffrax's step-size
   control, event detection and root find act per replicate (a batched
   ``while`` loop runs until the last replicate is done; the others are
@@ -20,7 +20,7 @@ them as one batch:
   replicate's controller state is saved with its snapshots, as a single
   run's is;
 - each replicate keeps its own clock, grids, events and controller carry,
-  exactly as ``gflow.flow._run_stage`` does for one run: replicate r's
+  exactly as ``gflow.dynamics._flow.run_stage`` does for one run: replicate r's
   stage starts at its own ``t0_r`` and saves at ``t0_r + τ`` on the stage's
   τ grid, so the k-th solve of every replicate has the same shapes. A
   replicate whose stage has ended (its event, or the end of its grid) while
@@ -51,7 +51,7 @@ of the batch (added, for a resumed replicate, to its saved one).
 
 A batch holds its R samples in memory at once (plus, briefly, a second copy:
 while they are stacked, and while each stage's loss is built):
-:func:`gflow.replicates.run_replicates` chooses the batch size from
+:func:`gflow.run_replicates` chooses the batch size from
 :func:`sample_bytes`. ``solver.progress`` is ignored in a batch.
 """
 
@@ -195,7 +195,7 @@ def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
     `members`: the batch's replicate indices (the leading axis of `loss_b`);
     `rows`: ``{replicate: (ts, {"w", "C", "a"})}`` for those that have rows
     (at most one block, ``save_per_decade + 1``, each: one solve's saved
-    points). Blocks are padded with their last row, as ``gflow.flow._append``
+    points). Blocks are padded with their last row, as ``gflow.dynamics._flow._append``
     pads, and idle replicates get a copy of some replicate's block."""
     if not rows:
         return
@@ -260,7 +260,7 @@ class _Runs:
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
-    """:func:`integrate_batch`, also returning each replicate's :class:`FlowError` (or ``None``)."""
+    """:func:`gflow.integrate_batch`, also returning each replicate's :class:`FlowError` (or ``None``)."""
     cfgs = list(configs)
     if cfgs:
         refuse_sgd(cfgs[0], "gflow.integrate_batch")
@@ -362,7 +362,7 @@ def _run_groups(runs: _Runs, recs: dict[int, StageRecord], loss_b, duration: flo
 
 
 def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
-    """A group of one: ``gflow.flow._run_stage`` itself, on the replicate's own loss."""
+    """A group of one: ``gflow.dynamics._flow.run_stage`` itself, on the replicate's own loss."""
     rec, cfg = recs[r], runs.cfgs[r]
     dtype = cfg.estimator.jdtype
     y = Params(**{b: jnp.asarray(v, dtype) for b, v in runs.y[r].items()})
@@ -380,7 +380,7 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
 def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list[int], duration: float) -> None:
     """One stage of the replicates `active` on the batch `members` (the leading
     axis of `loss_b`; members not in `active` idle): each replicate's host-side
-    bookkeeping is a ``gflow.flow._StageRun``, as in a single run, and the
+    bookkeeping is a ``gflow.dynamics._flow.StageRun``, as in a single run, and the
     j-th solve of every replicate still running is one batched solve, the
     others given zero-length solves (``t0 = t1``)."""
     r0 = active[0]
@@ -411,7 +411,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
 
 def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], going: list[int]) -> None:
     """The batched solves of a stage, until no replicate of `going` runs any more (each one's
-    :class:`~gflow.flow._StageRun` in `stage`; an idle member borrows the first run's arguments)."""
+    :class:`~gflow.dynamics._flow.StageRun` in `stage`; an idle member borrows the first run's arguments)."""
     run0 = next(iter(stage.values()))
     of = [stage.get(r, run0) for r in members]
     name, cfg = run0.name, run0.cfg

@@ -1,4 +1,4 @@
-"""Shared pieces of gflow's figures (:mod:`gflow.plot`): sizes, the per-stage
+"""Shared pieces of gflow's figures (:mod:`gflow.figures`): sizes, the per-stage
 panels on each stage's own clock, and reading the theory.
 """
 
@@ -35,13 +35,14 @@ class _Segment:
     rec: StageRecord
     idx: np.ndarray
     tau: np.ndarray
+    method: str = "flow"  # what integrated the stage (method_label): "flow", "GD (η = 0.01)", …
 
     def title(self, compact: bool = False, extra: str | None = None) -> str:
         r = self.rec
         if r.name == "joint":
-            head = "joint flow" if compact else "joint flow (all blocks move)"
+            head = f"joint {self.method}" if compact else f"joint {self.method} (all blocks move)"
         else:
-            head = f"Stage {r.name} ({', '.join(r.moves)} moves)"
+            head = f"Stage {r.name} ({', '.join(r.moves)} moves)" + ("" if self.method == "flow" else f", {self.method}")
         end = r.ended_by if r.complete or r.ended_by == "failed" else "running"
         lines = [head, f"t = {fmt_g(r.t0)} → {fmt_g(r.t1)}"]
         if not compact:
@@ -61,6 +62,20 @@ class _Segment:
         return float(np.log10(t.max() / t.min())) if t.size > 1 else 0.0
 
 
+def method_label(cfg, stage: str) -> str:
+    """What integrated a stage, for a figure's title: ``"flow"`` (an adaptive solver of the
+    gradient flow), ``"GD (η = 0.01)"``, ``"modified flow (η = 0.1)"``, ``"SGD (η = 0.05, B = 20)"``,
+    ``"SDE (η = 0.05, B = 20)"``."""
+    m, eta = cfg.solver.method_for(stage), cfg.solver.eta
+    if m in ("tsit5", "kvaerno5"):
+        return "flow"
+    if m == "gd":
+        return f"GD (η = {eta:g})"
+    if m == "modified":
+        return f"modified flow (η = {eta:g})"
+    return f"{m.upper()} (η = {eta:g}, B = {cfg.sgd.batch})"
+
+
 def fmt_g(x: float) -> str:
     return "0" if x == 0 else f"{x:.3g}"
 
@@ -76,7 +91,7 @@ def stage_segments(traj: Trajectory, names=None) -> list[_Segment]:
             continue
         idx = np.flatnonzero(traj.stage == STAGE_CODE.get(rec.name, -1))
         if idx.size:
-            segs.append(_Segment(rec, idx, traj.ts[idx] - rec.t0))
+            segs.append(_Segment(rec, idx, traj.ts[idx] - rec.t0, method_label(traj.config, rec.name)))
     if not segs:
         have = [r.name for r in traj.stages]
         raise ValueError(f"no saved points in the stages {list(names or have)} (the run's stages: {have})")

@@ -1,4 +1,4 @@
-"""The panels of a run's figures (:mod:`gflow.plot`): the selector weights, the
+"""The panels of a run's figures (:mod:`gflow.figures`): the selector weights, the
 copier before and after, ``a`` against ``log τ`` with the fitted line on the
 validity window, and the measured ``∂ₜa·e^a`` against the GIH's ``F(a)·e^a``
 (docs/theory/mathematics.md §M6.4, §M7).
@@ -78,7 +78,7 @@ def plot_c_frac(
     theory's ``S* = argmax Ĩ`` (docs/theory/mathematics.md §M6.1) is drawn thicker.
 
     `fig`: a ``Figure`` or ``SubFigure`` to draw into (default: a new one);
-    `compact`: shorter titles and the legend inside, for :func:`plot_summary`.
+    `compact`: shorter titles and the legend inside, for ``plot_summary``.
     Returns the (root) Figure.
     """
     import matplotlib as mpl
@@ -332,7 +332,7 @@ def plot_rate(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None,
     x_lo = min(0.0, float(np.min(a_meas))) if a_meas is not None else 0.0
     top = []
     if s3 is not None:
-        a = s3.a
+        a = s3.a_grid
         Fe, Fse = s3.Fexp, s3.Fexp_se
         m = a <= x_hi
         ax.fill_between(

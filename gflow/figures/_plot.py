@@ -14,7 +14,7 @@ for the run alone) and returning the matplotlib ``Figure``:
 - :func:`plot_loss`: the loss with its SE band and ``inf_a L_GIH``;
 - :func:`plot_summary`: the story of the three stages on one page.
 
-:func:`plot_run` draws them all for a run folder; :func:`run_theory` reads (or
+``plot_run`` draws them all for a run folder; ``run_theory`` reads (or
 computes and saves) the run's ``theory.json``.
 
 **Time axes.** The staged schedule runs every stage on its own clock: Stage k
@@ -91,7 +91,7 @@ _LADDER_LINES = {
 
 def _ladder_lines(ax, theory) -> None:
     """The loss ladder's rungs (docs/theory/mathematics.md §M8.3; the theory's ``ladder``, the dict
-    of :meth:`gflow.ladder.Ladder.to_json`) as horizontal lines; the GIH rung
+    of :meth:`gflow.Ladder.to_json`) as horizontal lines; the GIH rung
     is the limit-loss line already drawn."""
     lad = theory.get("ladder") if isinstance(theory, dict) else getattr(theory, "ladder", None)
     rungs = {r["name"]: r for r in (lad or {}).get("rungs", [])}
@@ -134,7 +134,7 @@ def plot_loss(traj: Trajectory, theory: Theory | dict | None = None, *, fig=None
             )
         _ladder_lines(ax, theory)
         if s3 is not None and seg.rec.name in ("III", "joint"):
-            ag, Lg = s3.a, s3.L
+            ag, Lg = s3.a_grid, s3.L
             aa = traj.a[idx]
             ok = (aa >= ag[0]) & (aa <= ag[-1])
             ax.plot(

@@ -1,7 +1,7 @@
 """The figure of a stochastic run's seeds: their mean and spread.
 
 A run of ``solver.method = "sgd"`` or ``"sde"`` keeps R seeds
-(:attr:`~gflow.trajectory.Trajectory.per_seed`); the run's other figures draw its
+(:attr:`~gflow.Trajectory.per_seed`); the run's other figures draw its
 seed-mean trajectory (θ̄(t), the mean loss). :func:`plot_seeds` shows the seeds
 themselves, four panels against ``log t``: ``a``, ``‖C‖``, ``c_S/Σc`` of the set the seed
 mean selected, and the loss ``L̂_N``. In each: every seed as a thin line (up to 20 of

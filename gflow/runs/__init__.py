@@ -6,6 +6,7 @@ Layer rule: the top of the library; the only layer that owns folders, locks and
 caches. Only the command line (``gflow.cli``) and ``gflow/__init__`` import it.
 """
 
+from ._evaluate import EvalResult as EvalResult
 from ._evaluate import evaluate as evaluate
 from ._folder import RunFolder as RunFolder
 from ._folder import check_output as check_output
@@ -18,16 +19,19 @@ from ._folder import lock as lock
 from ._folder import plot_run as plot_run
 from ._folder import save_theory as save_theory
 from ._folder import theory_digest as theory_digest
+from ._phase import PhaseResult as PhaseResult
 from ._phase import merge_shards as merge_shards
 from ._phase import run_phase as run_phase
 from ._preflight import ResourceError as ResourceError
 from ._preflight import estimate_memory as estimate_memory
 from ._preflight import fmt_bytes as fmt_bytes
 from ._preflight import preflight as preflight
+from ._replicates import Replicates as Replicates
 from ._replicates import default_batch as default_batch
 from ._replicates import run_replicates as run_replicates
 from ._spectrum import SPECTRUM_TIMES as SPECTRUM_TIMES
 from ._spectrum import run_spectrum as run_spectrum
 from ._spectrum import saved_spectrum as saved_spectrum
+from ._sweep import SweepResult as SweepResult
 from ._sweep import run_sweep as run_sweep
 from ._sweep import sweep_points as sweep_points

@@ -1,6 +1,6 @@
 """Trajectory bands across replicates, and the spread of check-report rows.
 
-The replicates of one configuration (:mod:`gflow.replicates`) are R runs on
+The replicates of one configuration (:mod:`gflow.runs._replicates`) are R runs on
 independent Monte Carlo samples; this module summarises them.
 
 **Bands on the stages' own clocks.** Every stage runs on its own clock

@@ -4,14 +4,16 @@
 final parameters θ on other data configurations — other ``L``, ``α``, parent
 sets, start laws, burn-in or kernel, and other Monte Carlo samples
 (``estimator.N``, ``estimator.seed``) — each with the loss ladder of its own
-sample (:mod:`gflow.ladder`): length generalisation and robustness.
+sample ([`gflow.loss_ladder`][gflow.loss_ladder]): length generalisation and robustness.
 
 For each point of the cross product of the ``--param`` values (the syntax of
-``gflow sweep``) the sample is drawn exactly as the run's estimator draws it
-(:func:`gflow.loss.make_loss`: key ``jax.random.key(estimator.seed)``, float64
-sample, the run's layout and dtype), so the training configuration itself
-reproduces the run's final loss. The model, the loss definition
-(``estimator.loss``, ``ε``) and θ stay the run's.
+``gflow sweep``) the loss is built as the run built its own,
+[`gflow.make_loss`][gflow.make_loss] of the point's data and estimator (key
+``estimator.seed``, the layout of the model's span, the run's target, dtype and
+sharding), so the training configuration itself reproduces the run's final loss.
+The model, the loss definition (``estimator.loss``, ``ε``, ``estimator.target``)
+and θ stay the run's; with a drawn target the oracle predicts with the kernel's
+``π(·|z_q)`` (``kernel_conditional``), as in the run's report.
 
 Choices (the paper is silent):
 
@@ -34,13 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, jsonable, show_value, write_csv
-from ..core import Params, PopulationLoss, features, resolve_layout, subset_label
-from ..core import sample as draw_sample
+from ..core import Params, kernel_conditional, make_loss, subset_label
 from ..figures import plot_eval
 from ..theory import RUNGS, Ladder, loss_ladder
 from ..trajectory import Trajectory, load, selected_set
@@ -90,7 +90,7 @@ def _pairs(params) -> list[tuple[str, list]]:
 
 
 def _selected_set(traj: Trajectory) -> tuple[int, ...]:
-    """The set the run's Stage I selected (:func:`gflow.theory.selected_set`),
+    """The set the run's Stage I selected (:func:`gflow.trajectory.selected_set`),
     else ``argmax c/Σc`` at the run's last saved time."""
     S = selected_set(traj)
     return S if S is not None else tuple(traj.subsets[int(np.argmax(traj.c_frac[-1]))])
@@ -109,7 +109,7 @@ class EvalResult:
     - `fields`: the swept fields; `rows`: one flat dict per point (the point's
       values, ``loss`` ± ``loss_se`` of θ, ``unseen``, every rung's mean and
       SE, the gaps with their paired SEs, ``a_gih``, ``captured``);
-    - `ladders`: the :class:`~gflow.ladder.Ladder` of each point;
+    - `ladders`: the :class:`~gflow.Ladder` of each point;
     - `S`: the GIH's set; `run_loss`: the run's final loss; `files`: what
       was written.
     """
@@ -180,14 +180,12 @@ def evaluate(
 
     rows, ladders = [], []
     for point, pcfg in points:
+        # the run's own estimator on the point's data and sample: make_loss, as the run built its loss
+        # (the layout of the model's span, the run's target, dtype and sharding)
+        loss = make_loss(pcfg.data, cfg.model, pcfg.estimator)
         est = pcfg.estimator
-        smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
-        layout = resolve_layout(est.layout, pcfg.data.d, cfg.model)
-        feats = features(smp, cfg.model, layout=layout, dtype=est.jdtype)
-        loss = PopulationLoss(
-            feats=feats, model=cfg.model, eps=jnp.asarray(est.eps, est.jdtype), kind=est.loss, chunk=est.chunk
-        )
-        lad = loss_ladder(loss, pcfg.data, S=S, params=theta, sample=smp)
+        lad = loss_ladder(loss, pcfg.data, S=S, params=theta, estimator=est,
+                          pi_cond=kernel_conditional(pcfg.data, est))  # fmt: skip
         ladders.append(lad)
         row = dict(point)
         row["N"] = est.N

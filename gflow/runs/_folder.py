@@ -43,7 +43,7 @@ def check_output(out: str | Path) -> Path:
     """Check, before any compute, that ``out`` can be a run folder: it is a folder or does not exist,
     no part of its path is a file, and it (or its first existing parent) is writable. Creates it.
 
-    **Raises:** :class:`RunFolderError` naming the path and the problem."""
+    **Raises:** :class:`gflow.RunFolderError` naming the path and the problem."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise folder_error(out, "is a file, not a folder: --out must name a folder")
@@ -69,7 +69,7 @@ def lock(out: str | Path):
     non-blocking; the lock file records the holder's pid). Re-entrant within one process.
     Creates the folder (:func:`check_output`).
 
-    **Raises:** :class:`RunFolderError` at once if another process holds it."""
+    **Raises:** :class:`gflow.RunFolderError` at once if another process holds it."""
     out = check_output(out)
     key = os.path.realpath(out)
     if key in _HELD:
@@ -374,10 +374,10 @@ def check_run(
 
     Loads the run (:func:`gflow.trajectory.load`; ``FileNotFoundError`` for a
     folder without a run), takes its theory from
-    :func:`~gflow.theory.load_or_compute` (``theory.json`` when it belongs to
+    :func:`~gflow.runs.load_or_compute` (``theory.json`` when it belongs to
     the run, else computed on the run's sample; `reuse_theory=False` forces a
     recomputation; or `theory`, the ``(Theory, how)`` that
-    :func:`~gflow.theory.load_or_compute` already returned for this run), then
+    :func:`~gflow.runs.load_or_compute` already returned for this run), then
     :func:`check` (further keywords go to it). With
     `write`, writes ``theory.json``, ``report.json`` (:meth:`Report.to_json`)
     and ``report.md`` into `out_dir`, each atomically.
@@ -402,7 +402,7 @@ def plot_run(run_dir: str | Path, figdir: str | Path | None = None, *, fmt: str 
              spectrum: bool | None = None) -> list[Path]:  # fmt: skip
     """Draw every figure of the run saved in `run_dir` into `figdir` (default ``run_dir/figures``),
     with the run's theory from :func:`load_or_compute` unless `theory` (a :class:`~gflow.Theory`)
-    is given. The sharpness figure (``sharpness.png``: λ_max(ΛH) along the run, README §M9) is
+    is given. The sharpness figure (``sharpness.png``: λ_max(ΛH) along the run, docs/theory/mathematics.md §M9) is
     drawn from the run's Hessian spectrum: with ``spectrum=True`` computed if needed
     (:func:`run_spectrum`, kept in ``spectrum.npz``), with ``None`` (default) only when
     ``spectrum.npz`` already belongs to the run, with ``False`` never. **Returns:** the paths written."""

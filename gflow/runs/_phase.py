@@ -4,7 +4,7 @@ laws pick the same set, over a grid of one or two configuration fields
 
 ``gflow phase [CONFIG] --param init.w_plus=log:1:10:10 --param data.L=lin:20:200:10
 --out DIR`` evaluates, at every point of the grid (the cross product of the
-fields' values, built and validated by :func:`gflow.sweep.sweep_points`
+fields' values, built and validated by :func:`gflow.runs.sweep_points`
 before anything is computed — one code path with ``gflow sweep``):
 
 - **the paper's criterion** (docs/theory/mathematics.md §M6.1): the Ĩ ranking over the prior
@@ -28,7 +28,7 @@ These are exactly the numbers of ``gflow theory`` for the point's
 configuration (the same functions on the same sample; the test compares them
 with ``==``). Nothing is integrated unless ``--flow``; then every point is
 also an ordinary run folder ``DIR/runs/<k>_<field=value>…`` (integrated and
-checked by :func:`gflow.sweep.run_point`, as in ``gflow sweep``) and the row
+checked by :func:`gflow.runs._sweep.run_point`, as in ``gflow sweep``) and the row
 adds the selected set, the Stage I and II event times, ``a`` and the loss at
 the end, the check report's verdicts and, for the joint schedule, the time at
 which the loss has fallen halfway from its initial to its final value.
@@ -39,7 +39,7 @@ sample and one Stage III law per set; the initialisation (``w₊``, ``w₋``,
 ``c₀``, ``a₀``) enters as arrays, so such points reuse one compilation and
 pay only ``J``. Every data field is static to the sampler's compilation
 (``L`` changes its shapes; ``α``, ``d``, the parents are compile-time
-constants of ``gflow.data``): each new value compiles the sampler once.
+constants of ``gflow.core``): each new value compiles the sampler once.
 
 **Outputs** in DIR: ``points/<k>.json`` (one per finished point: what makes
 a grid resumable — an interrupted grid recomputes only the missing points,
@@ -125,7 +125,7 @@ def phase_grid(config: Config, params) -> tuple[list[str], list[tuple[dict[str, 
     """The grid of a phase diagram: one or two fields (``--param`` strings such
     as ``init.w_plus=log:1:10:10``, ``data.parents=[1,2];[1,3]``, or
     ``(field, values)`` pairs), validated and built by
-    :func:`gflow.sweep.sweep_points` (every point's configuration before any
+    :func:`gflow.runs.sweep_points` (every point's configuration before any
     computation). **Returns** ``(fields, [(point, config)])``, the last field
     varying fastest. **Raises** ``ValueError`` naming the field or value."""
     if isinstance(params, (str, tuple)):
@@ -281,9 +281,9 @@ def _half_loss_time(ts, loss) -> float | None:
 
 def point_flow(traj, report: dict | None) -> dict[str, Any]:
     """The flow columns (:data:`FLOW_COLUMNS`) of an integrated point: the set
-    Stage I selected (:func:`gflow.theory.selected_set`), the Stage I and II
+    Stage I selected (:func:`gflow.trajectory.selected_set`), the Stage I and II
     durations when they ended at their events, ``a`` and the loss at the end
-    (:func:`gflow.sweep.headline`), the joint schedule's half-loss time, and
+    (:func:`gflow.runs._sweep.headline`), the joint schedule's half-loss time, and
     the check report's ``verdict.gflow`` and ``verdict.paper``."""
     h = headline(traj, report)
     ev = {st.name: (st.t1 - st.t0 if st.ended_by == "event" else None) for st in traj.stages}

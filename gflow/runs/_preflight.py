@@ -8,7 +8,7 @@ arrays a run allocates:
   ``log π`` beside it), the stationary start's window chain (``N·(d^m)²`` per transition
   matrix, vmapped over the sequences, and the host's table of the ``d^m`` windows), the
   chain's tokens ``N·(burn_in + L + 1)`` and its keys;
-- the **features** of the layout (:func:`gflow.loss.resolve_layout`): counts
+- the **features** of the layout (:func:`gflow.core.resolve_layout`): counts
   ``N·d·(d+1)^span``, positions ``N·L·span²`` (twice with ``norm = "layer"`` or
   ``head_norm``), heads ``N·(L+1)·H`` codes;
 - the **loss**: one gradient's working set (``estimator.chunk`` sequences at a time when set)
@@ -24,7 +24,7 @@ pages), or the environment variable ``GFLOW_MAX_MEMORY`` when set (a size: ``64G
 ``500M``, ``1.5T``, a number of bytes; ``none`` turns the preflight off). The error names
 the keys of the largest parts and the estimate.
 
-**How close it is** (``scripts/preflight_calibrate.py``: the peak resident memory of a fresh
+**How close it is** (``scripts/benchmarks/preflight_calibrate.py``: the peak resident memory of a fresh
 process that builds the loss and takes one gradient and the loss statistics, minus its resident
 memory after importing gflow; float64, 2 CPU cores): the estimate is an upper bound within a
 factor of 1.1–1.7 — default run 0.72 GB estimated / 0.64 GB measured; ``N = 10⁵`` 1.80 / 1.15;

@@ -24,7 +24,7 @@ single runs of seeds 0…9. Everything else (data, model, initialisation,
 schedule, solver) is shared.
 
 **How they run: in vmapped batches.** The replicates are integrated in
-batches of ``batch`` (:func:`gflow.vmapped.integrate_batch`): a batch's R
+batches of ``batch`` (:func:`gflow.integrate_batch`): a batch's R
 samples are stacked along a new leading axis and every solve, every stage
 loss and every statistic runs under ``vmap`` over it, while each replicate
 keeps what a literal ``vmap`` of whole runs could not give it: its own
@@ -37,10 +37,10 @@ for its seed, to rounding (the same saved times; values to ~1e-12
 relative), and is written to its folder as that would write it. Its stage
 records keep its own times, ends and step counts; ``nfev`` counts
 evaluations of the batched vector field and ``wall`` is the batch's (see
-:mod:`gflow.vmapped`).
+:mod:`gflow.dynamics._vmapped`).
 
 *Memory and chunking.* A batch holds its samples at once: one sample's
-features take :func:`gflow.vmapped.sample_bytes` (counts layout
+features take :func:`gflow.dynamics.sample_bytes` (counts layout
 ``N·d·(d+1)^M`` numbers plus ``N·(1 + d)`` more, positions layout
 ``N·L·M²`` plus the tokens), and by default (``batch=None``) the batch is
 every replicate if their samples fit in :data:`SAMPLE_BUDGET` (2 GiB), else
@@ -55,14 +55,14 @@ path: :func:`gflow.integrate` of each replicate in turn, every jitted
 function compiled once and reused. A chunk of one replicate runs that way
 too. A replicate that ``resume`` continues from its folder runs in its chunk
 like the others, from its own saved state, time and step-size controller
-(:func:`gflow.vmapped.integrate_batch` with ``resume``; it idles through the
+(:func:`gflow.integrate_batch` with ``resume``; it idles through the
 stages it has completed): it is what :func:`gflow.integrate` resuming it
 gives, to rounding. The compiled solves depend on the batch
 size: each distinct batch size compiles once (as long as a single run's).
 
 *Speed.* On a CPU the gain is modest at best: one evaluation of the vector
 field already vectorises over the N sequences (its cost per sequence is the
-same at N = 10⁴ as at 10⁵, scripts/bench_scale.py), so batching only saves
+same at N = 10⁴ as at 10⁵, scripts/benchmarks/bench_scale.py), so batching only saves
 the fixed per-step overhead, while a batch pays for its slowest replicate
 (the batched loop runs until every replicate is done) and, under ``vmap``,
 for both branches of the solver's data-dependent conditionals (measured on
@@ -70,7 +70,7 @@ two CPU cores, d = 3, L = 20, N = 500, R = 3, after compilation: 2.2 s as
 one batch, 2.3 s one after another). On an accelerator, where one replicate
 leaves most of the device idle, batching the R samples is the point.
 
-Bands and the spread of check rows are computed by :mod:`gflow.bands`.
+Bands and the spread of check rows are computed by :mod:`gflow.runs._bands`.
 
 Files (with ``out``): one ordinary run folder per replicate,
 ``out/rep000``, ``out/rep001``, … (``gflow check`` and ``gflow plot`` work on
@@ -322,7 +322,7 @@ def _ms(m, s, spec=".4g") -> str:
 def default_batch(config: Config, R: int, budget: int = SAMPLE_BUDGET) -> int:
     """How many replicates of `config` are vmapped together by default: all
     R if their samples fit in `budget` bytes
-    (:func:`gflow.vmapped.sample_bytes` each), else as many as fit, at least one."""
+    (:func:`gflow.dynamics.sample_bytes` each), else as many as fit, at least one."""
     return int(max(1, min(int(R), budget // max(1, sample_bytes(config)))))
 
 
@@ -350,7 +350,7 @@ def run_replicates(
     - `base_seed`: replicate r uses ``estimator.seed = base_seed + r``
       (default: ``config.estimator.seed``).
     - `batch`: how many replicates are vmapped together
-      (:func:`gflow.vmapped.integrate_batch`; the R replicates run in chunks
+      (:func:`gflow.integrate_batch`; the R replicates run in chunks
       of `batch`, in order). Default: :func:`default_batch`, all R when their
       samples fit in :data:`SAMPLE_BUDGET`, else the largest batch that fits.
       ``1``: one after another with :func:`gflow.integrate` (as does a
@@ -358,7 +358,7 @@ def run_replicates(
     - `overwrite`: replace runs already in the replicate folders.
     - `resume`: replicate folders that already hold a run are resumed
       instead of refused, in their chunks like the others
-      (:func:`gflow.vmapped.integrate_batch` with ``resume``: what
+      (:func:`gflow.integrate_batch` with ``resume``: what
       :func:`gflow.integrate` with ``resume=True`` gives; a complete run is
       reused as it is, an interrupted one continued), and the replicates
       without a run are integrated from the start.
@@ -414,7 +414,7 @@ def run_replicates(
 
 
 def _run_chunks(batches, cfgs, dirs, again, notes: list[str], *, overwrite, verbose, checker, check_kwargs):
-    """Integrate the replicates chunk by chunk (:func:`gflow.vmapped.integrate_batch`; a chunk of one is
+    """Integrate the replicates chunk by chunk (:func:`gflow.integrate_batch`; a chunk of one is
     :func:`gflow.integrate` itself) and check each complete one; failures are added to `notes`.
     Returns each replicate's trajectory, wall time (its chunk's) and check report (or ``None``)."""
     seeds = [c.estimator.seed for c in cfgs]

@@ -1,4 +1,4 @@
-"""A run's Hessian spectrum, saved in its folder (``spectrum.npz``; README §M9).
+"""A run's Hessian spectrum, saved in its folder (``spectrum.npz``; docs/theory/mathematics.md §M9).
 
 :func:`run_spectrum` computes :func:`gflow.dynamics.hessian_spectrum` of the run saved
 in a folder at (at most) ``max_times`` saved times, on the run's own sample, and keeps

@@ -24,14 +24,14 @@ modified χ²-MI, §6.1), ``C_star``, the validity window ``window_lo``,
 ``window_hi`` and ``a_star`` (§6.4), ``limit_loss`` (inf L_GIH, §6.5) — next
 to what the run measured: ``S_measured`` (argmax c/Σc at the end of Stage I,
 or of the run for the joint schedule), ``slope`` (least squares of a against
-log τ in Stage III over the saved times with a in the window; the paper
-predicts 1), ``a_end``, ``loss_end`` and its standard error; and the check
+log τ in Stage III over the saved times with a in the window and past its
+plateau, a ≥ a₀ + log 2, as the check report's slope row; the paper predicts 1), ``a_end``, ``loss_end`` and its standard error; and the check
 report's verdict (``checks_passed``, ``checks_failed``). ``wall_s`` is the
 run's own wall time: points run one after another in one process, so the
 first point of a shape pays its compilation and the later ones reuse it
 (the seed, ε, the initialisation or, with the counts layout, ``data.L``
 leave the flow's shapes unchanged; ``estimator.N`` changes them). The theory columns
-come from the check report (:func:`gflow.checks.check_run`, which also writes
+come from the check report (:func:`gflow.check_run`, which also writes
 ``report.json`` into each run folder); with ``check=False`` they are empty
 and only the measured columns are filled.
 """
@@ -243,7 +243,8 @@ def headline(traj: Trajectory, report: dict | None = None) -> dict[str, Any]:
     rec3 = next((st for st in traj.stages if st.name in ("III", "joint")), None)
     if rec3 is not None and win[0] is not None and win[1] is not None:
         r3 = rows_of_stage(traj.stage, rec3.name)
-        slope, npts = log_slope(traj.ts[r3] - rec3.t0, traj.a[r3], (win[0], win[1]))
+        a_start = float(traj.a[int(np.searchsorted(traj.ts, rec3.t0))])  # past the plateau only (log_slope)
+        slope, npts = log_slope(traj.ts[r3] - rec3.t0, traj.a[r3], (win[0], win[1]), a_start=a_start)
     verdict = None if report is None else [r.get("passed") for r in report.get("rows", [])]
     return {
         "status": traj.status,
@@ -312,7 +313,7 @@ def run_sweep(
     **Arguments:** `config` the base configuration; `params` as in
     :func:`sweep_points`; `out` the sweep's folder; `check` run the check
     report on every point (the theory columns come from it; `check_kwargs`
-    go to :func:`gflow.checks.check_run`); `resume` reuse or continue the
+    go to :func:`gflow.check_run`); `resume` reuse or continue the
     points' run folders that already hold a run (otherwise an existing run
     folder is an error, raised before anything runs); `verbose` progress lines.
 
@@ -374,7 +375,7 @@ def run_point(
     trajectory (status not ``"complete"``) and no report. `loss`: the
     point's estimator, if already built (the same sample the configuration's
     seed gives; integration and check report reuse it). Shared by
-    :func:`run_sweep` and :func:`gflow.phase.run_phase`."""
+    :func:`run_sweep` and :func:`gflow.run_phase`."""
     again = resume and (d / "run.json").exists()
     try:
         traj = integrate(cfg, out=d, resume=again, overwrite=overwrite and not again, verbose=verbose, loss=loss)

@@ -27,6 +27,9 @@ from ._laws import predict_selection as predict_selection
 from ._laws import stage1_rates_exact as stage1_rates_exact
 from ._laws import stage1_rates_small_a as stage1_rates_small_a
 from ._result import LAW_COVERAGE as LAW_COVERAGE
+from ._result import ChiSquaredRanking as ChiSquaredRanking
+from ._result import Stage1Duration as Stage1Duration
+from ._result import StageIRates as StageIRates
 from ._result import Theory as Theory
 from ._result import config_key as config_key
 from ._result import covers as covers
@@ -35,5 +38,6 @@ from ._stage1 import chi2_mi as chi2_mi
 from ._stage1 import modified_chi2_ranking as modified_chi2_ranking
 from ._stage1 import predicted_stage1_duration as predicted_stage1_duration
 from ._stage1 import stage1_rates as stage1_rates
+from ._stage1 import unrepresented_parents as unrepresented_parents
 from ._text import format_theory as format_theory
 from ._theory import theory_report as theory_report

@@ -18,6 +18,7 @@ from jaxtyping import Array, Float
 
 from .._util import bisect_root, golden_max, mean_se
 from ..core import CountFeatures, PopulationLoss, PositionFeatures, Sample, window_code_count
+from ._lawcurve import LawCurve, grid_force
 
 # ---------------------------------------------------------------------------
 # §6.4  Stage III: the generalized induction head
@@ -70,9 +71,9 @@ def gih_counts(source, S, *, M: int | None = None) -> tuple[Float[Array, "N d"],
     the zero padding ``x_j``, ``j ≤ 0``, never matches) and
     ``N₀(e) = #{l ≤ L : x_l = e} − N₁(e)``. For ``S = ∅`` every position matches.
 
-    `source` is a :class:`~gflow.data.Sample` or
-    :class:`~gflow.model.PositionFeatures` (read from ``X``), or
-    :class:`~gflow.model.CountFeatures` (read from the window codes, which
+    `source` is a :class:`~gflow.Sample` or
+    :class:`~gflow.core.PositionFeatures` (read from ``X``), or
+    :class:`~gflow.core.CountFeatures` (read from the window codes, which
     encode offsets ``1..M``; ``M`` is inferred from the table size unless
     given). All give the same counts on the same sample. Returns float64
     ``(N, d)`` arrays.
@@ -174,9 +175,9 @@ class GIH(eqx.Module):
 def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: int | None = None) -> GIH:
     """The GIH on offsets ``S`` for a sample (docs/theory/mathematics.md §M6.4).
 
-    `source` is a :class:`~gflow.loss.PopulationLoss` (its sample, ε and loss
+    `source` is a :class:`~gflow.PopulationLoss` (its sample, ε and loss
     kind are used: the run's own common random numbers), or a
-    :class:`~gflow.data.Sample` / feature set (then `eps` and `kind` apply).
+    :class:`~gflow.Sample` / feature set (then `eps` and `kind` apply).
     ``π(·|z_q)`` is taken from the source unless `cond` is given.
     """
     if isinstance(source, PopulationLoss):
@@ -237,10 +238,13 @@ def _loss_mean_and_se(gih: GIH, a):
 
 @dataclasses.dataclass(frozen=True)
 class StageIIILaw:
-    """The GIH's one-dimensional law on a grid of ``a`` and its landmarks (docs/theory/mathematics.md §M6.4, §6.5).
+    """The GIH's one-dimensional law (docs/theory/mathematics.md §M6.4, §M6.5): its force on a grid
+    of ``a``, its landmarks, and its prediction of a(τ) (:meth:`a`, :meth:`a_paper`).
+    ``theory.laws[S]`` (:class:`gflow.Theory`) is the law of the set ``S``.
 
-    Grid values (``(n_grid,)`` numpy arrays): `a`, `F` (``−dL_GIH/da``) and
-    `F_se`, `Fexp` (``F e^a``) and `Fexp_se`, `L` (``L_GIH``) and `L_se`.
+    Grid values (``(n_grid,)`` numpy arrays): `a_grid`, `F` (``F(a) = −dL_GIH/da``) and
+    `F_se`, `Fexp` (``F e^a``) and `Fexp_se`, `L` (``L_GIH``) and `L_se`; `S`, the set of
+    offsets.
 
     Landmarks, all from the exact per-sample function (grid + refinement):
 
@@ -257,10 +261,23 @@ class StageIIILaw:
     - `L_inf`: ``lim_{a→∞} L_GIH``. `limit_loss`, `limit_loss_se`, `a_limit`:
       ``inf_{a ≥ a_grid[0]} L_GIH(a)`` and where (``math.inf`` for the limit
       ``a → ∞``), over the grid, the refined down-crossings of ``F`` and ``∞``.
+
+    The law's predictions on any τ (``τ = t − t₀``, Stage III's own clock; the arrays of any
+    shape), from the grid's F (``gflow.theory._lawcurve``: the cubic through the four nearest
+    grid values, ``F e^a`` held beyond the grid; at the default grid within 10⁻⁶ of the ODE
+    solved on the exact sample mean, tested):
+
+    - :meth:`force`: ``F(a)`` at any a;
+    - :meth:`a`: the solution of the law ``da/dτ = η_a λF(λa)``, ``a(0) = a₀`` — the GIH's
+      own law at ``λ = 1``; with the contrast λ of a model near the GIH
+      (``λ = (c_S/Σc)·Π_{h∈S}(s^(h)_h)²``, docs/guides/checks.md) the first-order law of the
+      model, whose zero is ``a*/λ``;
+    - :meth:`a_paper`: the paper's ``log(e^{a₀} + C*·η_a·τ)`` (``∂τa = η_a C* e^{−a}``);
+    - :meth:`tau_to`: the time the law takes from a₀ to a given a (∞ at or past its zero).
     """
 
     S: tuple[int, ...]
-    a: np.ndarray
+    a_grid: np.ndarray
     F: np.ndarray
     F_se: np.ndarray
     Fexp: np.ndarray
@@ -281,6 +298,30 @@ class StageIIILaw:
     limit_loss: float
     limit_loss_se: float
     a_limit: float
+
+    def force(self, a) -> np.ndarray:
+        """``F(a) = −dL_GIH/da`` at `a` (any shape), from the grid (see the class docstring)."""
+        return grid_force(self.a_grid, self.F, self.Fexp, a)
+
+    def a(self, tau, a0: float, eta_a: float, *, lam: float = 1.0) -> np.ndarray:
+        """The law's predicted a at the times `tau` (``τ ≥ 0``, any shape): the solution of
+        ``da/dτ = η_a λF(λa)`` with ``a(0) = a0`` (λ = 1: the GIH's own law). `a0` is a at
+        τ = 0 (Stage III's start, or ``init.a0`` of a joint run), `eta_a` the schedule's
+        ``η_a``. Settles at the zero of λF(λ·) it moves to (``a*/λ`` to first order)."""
+        return LawCurve(self.a_grid, self.F, self.Fexp, a0, eta_a, lam).a(tau)
+
+    def a_paper(self, tau, a0: float, eta_a: float) -> np.ndarray:
+        """The paper's Stage III law, ``log(e^{a0} + C*·η_a·τ)``: the solution of
+        ``∂τa = η_a C* e^{−a}`` (``F e^a`` at its maximum C* throughout), at `tau` (τ ≥ 0)."""
+        tau = np.asarray(tau, np.float64)
+        if np.any(~np.isfinite(tau)) or np.any(tau < 0):
+            raise ValueError("tau must be finite and >= 0")
+        return np.log(np.exp(float(a0)) + self.C_star * float(eta_a) * tau)
+
+    def tau_to(self, a, a0: float, eta_a: float, *, lam: float = 1.0) -> np.ndarray:
+        """The time the law ``da/dτ = η_a λF(λa)`` takes from `a0` to `a` (any shape): ``inf``
+        for an a at or past the zero it settles at, or behind `a0`."""
+        return LawCurve(self.a_grid, self.F, self.Fexp, a0, eta_a, lam).tau_to(a)
 
 
 def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601) -> StageIIILaw:
@@ -366,7 +407,7 @@ def stage3_law(gih: GIH, *, a_grid=None, a_max: float = 30.0, n_grid: int = 601)
 
     return StageIIILaw(
         S=gih.S,
-        a=a,
+        a_grid=a,
         F=F,
         F_se=Fse,
         Fexp=Fexp,

@@ -2,7 +2,7 @@
 
 Every rung is a predictor ``p ∈ Δ_d`` of the target ``x_{L+1}`` from the
 context ``X = (x_1, …, x_L)``, scored per sequence with the run's own loss
-(``estimator.loss``, ``ε``; :func:`gflow.loss.sequence_loss`), on the run's
+(``estimator.loss``, ``ε``; :func:`gflow.core.sequence_loss`), on the run's
 own sample, so that the difference of two rungs has a *paired* standard error
 (the per-sequence differences are i.i.d.). From the floor up:
 
@@ -70,6 +70,7 @@ from ..core import (
     subset_label,
 )
 from ..core import mean_se as _loss_mean_se
+from ..core import sample as draw_sample
 from ._gih import gih_counts, make_gih
 
 __all__ = ["RUNGS", "Ladder", "bayes_counts", "bayes_predictive", "format_ladder", "gih_argmin", "loss_ladder"]
@@ -83,16 +84,15 @@ def bayes_counts(source, parents) -> jnp.ndarray:
     positions ``l ≤ L`` with all parents inside ``X``, parent configuration
     equal to the query's ``z_q`` and ``x_l = e``.
 
-    `source` is a :class:`~gflow.data.Sample` or
-    :class:`~gflow.model.PositionFeatures` (any parents), or
-    :class:`~gflow.model.CountFeatures` when ``p_k ≤ M`` (the window codes
+    `source` is a :class:`~gflow.Sample` or
+    :class:`~gflow.core.PositionFeatures` (any parents), or
+    :class:`~gflow.core.CountFeatures` when ``p_k ≤ M`` (the window codes
     encode offsets ``1..M`` only). Computed as the GIH's ``N₁(e)`` on
     ``S = parents``.
     """
     parents = tuple(int(p) for p in parents)
     if isinstance(source, CountFeatures):
-        d, K = source.counts.shape[1:]
-        M = round(math.log(K) / math.log(d + 1))
+        M = _window_of(source)
         if max(parents) > M:
             raise ValueError(
                 f"the Bayes rung needs the context's tokens: parents {parents} reach beyond the model's "
@@ -102,6 +102,23 @@ def bayes_counts(source, parents) -> jnp.ndarray:
     if isinstance(source, (Sample, PositionFeatures)):
         return gih_counts(source, parents)[0]
     raise TypeError(f"bayes_counts: source must be a Sample or a feature set, got {type(source)}")
+
+
+def _window_of(feats: CountFeatures) -> int:
+    """The window M a counts layout encodes (its table has ``(d+1)**M`` windows)."""
+    d, K = feats.counts.shape[1:]
+    return round(math.log(K) / math.log(d + 1))
+
+
+def _redraw(data: DataConfig, estimator, loss: PopulationLoss) -> Sample:
+    """The sample `loss` was built on, drawn again as ``make_loss`` draws it (``ValueError`` if
+    its targets are not the loss's: a loss built on another key)."""
+    smp = draw_sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
+    target = smp.cond if estimator.target != "drawn" else jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype)
+    if target.shape != loss.feats.cond.shape or not np.allclose(np.asarray(target), np.asarray(loss.feats.cond)):
+        raise ValueError("the Bayes rung needs the context's tokens, and the loss's sample is not the one "
+                         "estimator.seed draws (a loss built from another key): its tokens are not known here")
+    return smp
 
 
 def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
@@ -150,7 +167,7 @@ def gih_argmin(gih, *, a_max: float = 30.0, n: int = 61) -> float:
 
 def mean_se(x: np.ndarray) -> tuple[float, float]:
     """Mean and ``std/√N``, by the estimator's own reduction
-    (:func:`gflow.loss._mean_se`)."""
+    (:func:`gflow.core.mean_se`)."""
     m, se = _loss_mean_se(jnp.asarray(x))
     return float(m), float(se)
 
@@ -250,6 +267,7 @@ def loss_ladder(
     a_gih: float | None = None,
     sample: Sample | None = None,
     pi_cond=None,
+    estimator=None,
 ) -> Ladder:
     """The ladder on `loss`'s sample (docs/theory/mathematics.md §M8.3); see the module docstring.
 
@@ -263,9 +281,13 @@ def loss_ladder(
       theory's ``a_limit``; default ``argmin_a L_GIH(a)`` by :func:`gih_argmin`.
     - `sample`: the sample itself, needed for the Bayes counts only with the
       counts layout when the parents reach beyond the model's window ``M``.
+    - `estimator`: the [`gflow.EstimatorConfig`][gflow.EstimatorConfig] that drew `loss`'s
+      sample: when the Bayes counts need the context's tokens and no `sample` is given, the
+      sample is drawn again as [`gflow.make_loss`][gflow.make_loss] draws it (key
+      ``estimator.seed``, float64) and checked against the loss's targets.
     - `pi_cond`: ``π(·|z_q)`` of every sequence, ``(N, d)``, when the loss's target is not
       it (``estimator.target = "drawn"``, whose target is the drawn token ``e(y)``:
-      :func:`gflow.loss.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
+      :func:`gflow.core.kernel_conditional`). The oracle predicts with ``π(·|z_q)`` and is
       scored against the loss's target, and the entropy is that of ``π(·|z_q)``; without
       it a drawn target would make the oracle "know" the drawn token (loss ≈ 0) and the
       Bayes − oracle row vacuous.
@@ -283,6 +305,9 @@ def loss_ladder(
     values["oracle"] = np.asarray(score(pi, cond))
     ent = np.asarray(_entropy(pi))
 
+    if sample is None and estimator is not None and isinstance(loss.feats, CountFeatures) \
+            and max(data.parents) > _window_of(loss.feats):  # fmt: skip
+        sample = _redraw(data, estimator, loss)
     src = sample if sample is not None else loss.feats
     n = bayes_counts(src, data.parents)
     values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))

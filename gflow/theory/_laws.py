@@ -2,7 +2,7 @@
 (docs/theory/mathematics.md §M8.7; extension).
 
 Every law here states the model and loss options it was derived for
-(``gflow._theory_result.LAW_COVERAGE``): a report row built on a law that does not cover the run's
+(``gflow.theory.LAW_COVERAGE``): a report row built on a law that does not cover the run's
 options must be undecided, never decided against another model's law.
 
 - **Stage I, any norm** (:func:`selector_gain`, :func:`stage1_rates_exact`,
@@ -35,14 +35,14 @@ options must be undecided, never decided against another model's law.
   (slope 1 against ``log t``) and ``L_GIH(a(t)) − L_∞ = K e^{−a} + … ≈
   1/(η_a t)`` (exponent −1 in t, constant ``1/η_a``, independent of K).
 
-How they are wired into the report: ``gflow._rows_laws`` (called by
+How they are wired into the report: ``gflow.checks._rows_laws`` (called by
 ``gflow.check``) decides the layer-norm Stage I slopes against
 :func:`stage1_rates_exact` at the run's initial θ and the winner against
 :func:`predict_selection`, where the sum-norm law does not cover the run;
 reports every stage that ended ``"steady"`` with, for Stage II,
 :func:`copier_vertex_gradient`; and, for ``loss = "ce_on_probs"`` with
 ``a* = ∞``, decides the approach exponent of ``L̂ − L∞`` (:func:`gih_tail`).
-The coverage of each law is in ``gflow._theory_result.LAW_COVERAGE``
+The coverage of each law is in ``gflow.theory.LAW_COVERAGE``
 (``stage1_model``, ``stage2_vertex``, ``gih_tail``).
 """
 

@@ -2,7 +2,7 @@
 §M8.1, §M8.7).
 
 - :class:`ChiSquaredRanking`, :class:`StageIRates`, :class:`Stage1Duration`,
-  and the GIH law :class:`~gflow._gih.StageIIILaw`: one per computation.
+  and the GIH law :class:`~gflow.StageIIILaw`: one per computation.
 - :class:`Theory`: everything ``gflow theory`` computes for one configuration,
   with the GIH law of any number of sets (S*, argmax J, the set a run
   selected), ``to_json``/``from_json``.
@@ -72,7 +72,7 @@ LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     # a* and inf_a L_GIH as the flow's limit: for loss="log" (for ce_on_probs F may have
     # no finite zero and the infimum is then reached only as a → ∞)
     "gih_limit": {**_PAPER_MODEL, "estimator.loss": ("log",)},
-    # gflow.laws (docs/theory/mathematics.md §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
+    # gflow.theory._laws (docs/theory/mathematics.md §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
     # at t = 0 and the small-a flow of a·G, autodiff of the run's own loss: any model and loss
     "stage1_model": {},
     # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss)
@@ -264,7 +264,7 @@ def law_to_json(law: StageIIILaw) -> dict:
         "limit_loss_se": _f(law.limit_loss_se),
         "a_limit": _f(law.a_limit),
         "a_limit_is_inf": math.isinf(law.a_limit),
-        "curve": {k: _fl(getattr(law, k)) for k in ("a", "F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
+        "curve": {"a": _fl(law.a_grid), **{k: _fl(getattr(law, k)) for k in ("F", "F_se", "Fexp", "Fexp_se", "L", "L_se")}},
     }
 
 
@@ -273,7 +273,8 @@ def law_from_json(d: dict) -> StageIIILaw:
     c = d["curve"]
     return StageIIILaw(
         S=_S(d["S"]),
-        **{k: _arr(c[k]) for k in ("a", "F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
+        a_grid=_arr(c["a"]),
+        **{k: _arr(c[k]) for k in ("F", "F_se", "Fexp", "Fexp_se", "L", "L_se")},
         C_star=float(d["C_star"]),
         C_star_se=float(d.get("C_star_se") or 0.0),
         a_C_star=float(d["a_C_star"]),
@@ -301,7 +302,7 @@ class Theory:
     """Everything :func:`gflow.theory.theory_report` computes for one configuration.
 
     - `config`: :func:`config_key` of the configuration it was computed for
-      (what :func:`gflow.theory.load_or_compute` compares with a run's).
+      (what :func:`gflow.runs.load_or_compute` compares with a run's).
     - `sets`: 𝒮, in the model's order.
     - `ranking`: the Ĩ ranking (:class:`ChiSquaredRanking`; docs/theory/mathematics.md §M6.1), the
       paper's claim ``S* = argmax Ĩ``.
@@ -318,7 +319,7 @@ class Theory:
       :data:`LAW_COVERAGE`).
     - `notes`, `timing`.
     - `ladder`: the loss ladder of the sample without a flow rung (docs/theory/mathematics.md §M8.3;
-      :meth:`gflow.ladder.Ladder.to_json`), or ``None``.
+      :meth:`gflow.Ladder.to_json`), or ``None``.
     """
 
     config: dict
@@ -374,8 +375,8 @@ class Theory:
             return self
         ref = next(iter(self.laws.values()), None)
         if n_grid is None:
-            n_grid = 601 if ref is None else ref.a.size
-            a_max = a_max if ref is None else float(ref.a[-1])
+            n_grid = 601 if ref is None else ref.a_grid.size
+            a_max = a_max if ref is None else float(ref.a_grid[-1])
         law = stage3_law(make_gih(loss, S), a_max=a_max, n_grid=n_grid)
         return dataclasses.replace(self, laws={**self.laws, S: law})
 

@@ -5,7 +5,7 @@
   (:func:`modified_chi2_ranking`);
 - the rates ``J(S) = −∂L̂/∂a`` at ``a = 0``, ``c = e_S`` on the run's own sample
   (:func:`stage1_rates`), the first-order rate and the predicted ``d/dt log c_S``
-  (:func:`first_order_slope`, :func:`dlogc_dt`, :func:`log_ratio_slope`);
+  (``first_order_slope``, ``dlogc_dt``, ``log_ratio_slope`` of ``gflow.theory._rates``);
 - the linearised Stage I solved exactly: when it reaches its event
   (:func:`predicted_stage1_duration`).
 """
@@ -57,6 +57,30 @@ def _window_size(cfg: DataConfig, sets) -> int:
     return max(H, cfg.m) + 1
 
 
+def unrepresented_parents(data_cfg: DataConfig, model_cfg: ModelConfig) -> str | None:
+    """A warning when the true parents ``data.parents`` are no selector set of the model (``None``
+    when they are one): 𝒮 holds the sets of at most ``D`` heads of ``1..H``, head h reading its
+    own offset h, so parents with an offset beyond ``H`` (e.g. ``[1, 4]`` at the default
+    ``H = M = 3``) or more than ``D`` of them cannot be represented, and Stage I, the Ĩ ranking
+    and every check choose among sets that each miss a parent. A legitimate experiment (nothing
+    refuses it; the exit status does not change): ``gflow run --dry-run``, ``gflow theory`` and
+    the check report print it."""
+    P = tuple(int(p) for p in data_cfg.parents)
+    if P in model_cfg.subsets:
+        return None
+    H, D = model_cfg.H, model_cfg.D
+    why = []
+    beyond = [p for p in P if p > H]
+    if beyond:
+        why.append(f"no head reads offset {', '.join(map(str, beyond))}: head h reads offset h, h ≤ H = {H}")
+    if len(P) > D:
+        why.append(f"{len(P)} parents, at most D = {D} heads a set")
+    need = f"model.H = model.M = {max(max(P), H)}, model.D = {max(len(P), D)}"
+    return (f"the true parents data.parents = {list(P)} are no selector set of the model ({'; '.join(why)}): "
+            f"no S of 𝒮 represents them, and Stage I and the Ĩ ranking choose among sets that each miss a "
+            f"parent (a legitimate experiment; {need} would represent them)")
+
+
 def chi2_mi(
     pi: Float[Array, "K d"], cfg: DataConfig, sets
 ) -> tuple[Float[Array, " nS"], Float[Array, " nS"]]:
@@ -72,13 +96,13 @@ def chi2_mi(
     Both are 0 for ``S = ∅`` (set exactly). Computed by enumeration over the
     exact stationary law of ``W = max(max S, p_k) + 1`` consecutive tokens
     (``max(H, p_k) + 1`` for the model's 𝒮)
-    (:func:`gflow.data.window_law`), marginalised onto ``(z, e)``. The second
+    (:func:`gflow.window_law`), marginalised onto ``(z, e)``. The second
     form of ``Ĩ`` never divides by ``μ_S(z)``; terms with ``μ(e) = 0`` (hence
     ``μ(z, e) = 0``) are 0.
 
     **Arguments:** `pi` the kernel ``(d**k, d)``; `cfg` the data
     configuration (parents, d); `sets` the sets of 1-based offsets (or a
-    :class:`~gflow.model.ModelConfig`, meaning its 𝒮).
+    :class:`~gflow.ModelConfig`, meaning its 𝒮).
 
     **Returns:** ``(Ĩ, I_χ²)``, each ``(len(sets),)``. Pure JAX; vmappable
     over ``pi``.
@@ -118,7 +142,7 @@ def modified_chi2_ranking(
 
     ``E_π Ĩ(S)`` is estimated by Monte Carlo over `n_pi` kernels drawn from the
     prior with `key` (default ``jax.random.key(0)``) by
-    :func:`gflow.data.sample_kernels`, ``Ĩ`` exact per kernel
+    :func:`gflow.core.sample_kernels`, ``Ĩ`` exact per kernel
     (:func:`chi2_mi`, vmapped). Standard errors are ``std/√n_pi``; the ranking's
     uncertainty is the SE of the *paired* differences ``Ĩ(S) − Ĩ(S')`` on the
     same draws, much smaller than either SE when the two are correlated. With
@@ -192,7 +216,7 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
     """Stage I rates ``J(S) := −∂L̂/∂a |_{a=0, c=e_S}`` at copier weights ``w``
     (docs/theory/mathematics.md §M6.2; gflow's own derivation, on the model itself).
 
-    Computed from ``loss`` (the run's :class:`~gflow.loss.PopulationLoss`, its
+    Computed from ``loss`` (the run's :class:`~gflow.PopulationLoss`, its
     own sample) with ``C`` one-hot on ``S`` (``C_S = 1``): one forward-mode
     derivative in ``a`` of the per-sequence losses, so every sequence gives
     its own ``−∂ℓ_n/∂a`` and the SEs (and the paired SEs of differences
@@ -201,7 +225,7 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
     For ``norm="sum"`` and any ``c``, ``κ_l = Σ_S (c_S/Σc) P_l(S)`` is linear
     in ``c/Σc``, and ŷ at ``a = 0`` is the context's unigram whatever ``c``,
     so exactly to first order in ``a``:
-    ``L̂(a) = L₀ − a Σ_S (c_S/Σc) J(S) + O(a²)`` (:func:`first_order_slope`).
+    ``L̂(a) = L₀ − a Σ_S (c_S/Σc) J(S) + O(a²)`` (``gflow.theory._rates.first_order_slope``).
     With a one-hot copier on the offsets of ``S`` and ``L → ∞``,
     ``J(S) → Ĩ(S)`` (the paper's Stage I analysis; ε → 0 assumed). For
     ``norm="layer"`` J is still the derivative at ``c = e_S`` but the

@@ -15,13 +15,13 @@
   (:func:`predicted_stage1_duration`).
 - :func:`theory_report` gathers all of it into a typed :class:`Theory` (with
   ``to_json``/``from_json``; the GIH law of any set, and what each law covers,
-  docs/theory/mathematics.md §M8.7), :func:`format_theory` prints it, and :func:`load_or_compute`
+  docs/theory/mathematics.md §M8.7), :func:`format_theory` prints it, and :func:`gflow.runs.load_or_compute`
   is the one rule that decides whether a run folder's ``theory.json`` belongs
   to the run.
 
-The Stage I theory (Ĩ ranking, rates, duration) lives in ``gflow._stage1``,
-the GIH numerics in ``gflow._gih``, the result types in
-``gflow._theory_result``; all are re-exported here. Everything is
+The Stage I theory (Ĩ ranking, rates, duration) lives in ``gflow.theory._stage1``,
+the GIH numerics in ``gflow.theory._gih``, the result types in
+``gflow.theory._result``; all are re-exported here. Everything is
 deterministic in its key/seed.
 """
 
@@ -33,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from ..config import Config
 from ..core import (
     DataConfig,
     EstimatorConfig,
@@ -48,7 +49,13 @@ from ._gih import GIH, StageIIILaw, check_offsets, gih_counts, limit_loss, make_
 from ._ladder import loss_ladder
 from ._rates import dlogc_dt, first_order_slope, log_ratio_slope
 from ._result import LAW_COVERAGE, ChiSquaredRanking, Stage1Duration, StageIRates, Theory, config_key, covers
-from ._stage1 import chi2_mi, modified_chi2_ranking, predicted_stage1_duration, stage1_rates
+from ._stage1 import (
+    chi2_mi,
+    modified_chi2_ranking,
+    predicted_stage1_duration,
+    stage1_rates,
+    unrepresented_parents,
+)
 from ._text import format_theory
 
 __all__ = [
@@ -78,6 +85,9 @@ __all__ = [
 
 def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
     notes = []
+    unrep = unrepresented_parents(data_cfg, model_cfg)
+    if unrep is not None:
+        notes.append(unrep)
     if rank.close_call:
         notes.append(
             f"close call: the top two sets of the Ĩ ranking are within 3 paired SEs "
@@ -86,7 +96,7 @@ def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
     for S, law in laws.items():
         who = f"GIH of {subset_label(S)}"
         if law.a_star is None:
-            span = f"[{law.a[0]:g}, {law.a[-1]:g}]"
+            span = f"[{law.a_grid[0]:g}, {law.a_grid[-1]:g}]"
             if np.all(law.F > 0):
                 notes.append(f"{who}: F > 0 on the whole grid {span}: a* = ∞ as far as the grid tells")
             else:
@@ -107,7 +117,7 @@ def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
 
 
 def theory_report(
-    data_cfg: DataConfig | None = None,
+    data_cfg: Config | DataConfig | None = None,
     model_cfg: ModelConfig | None = None,
     estimator_cfg: EstimatorConfig | None = None,
     init_cfg: InitConfig | None = None,
@@ -118,10 +128,17 @@ def theory_report(
     a_max: float = 30.0,
     n_grid: int = 601,
     loss: PopulationLoss | None = None,
-    eta_C: float = 1.0,
-    delta: float = 0.01,
+    eta_C: float | None = None,
+    delta: float | None = None,
 ) -> Theory:
     """Every prediction of docs/theory/mathematics.md §M6 and §M8.1 for one configuration, as a :class:`Theory`.
+
+    Called with a whole configuration, ``theory_report(cfg)`` (a [`gflow.Config`][gflow.Config]),
+    its data, model, estimator and initialisation sections are used and its schedule's ``η_C``
+    and ``δ`` (unless `eta_C`, `delta` are given); the four-section form
+    ``theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init)`` takes ``η_C``, ``δ`` from
+    `eta_C`, `delta` (default: the default schedule's, 1 and 0.01). Absent sections are the
+    paper's defaults.
 
     - the Ĩ ranking of 𝒮 over `n_pi` prior kernels (key ``jax.random.key(pi_seed)``)
       with SEs and paired SEs, ``S*`` and the close-call flag (:func:`modified_chi2_ranking`);
@@ -133,11 +150,21 @@ def theory_report(
       ``argmax J`` and of `S` if given, on the same sample.
 
     - the loss ladder of the sample (docs/theory/mathematics.md §M8.3: oracle, Bayes, the GIH of ``S*``
-      at its best a, the context unigram; :func:`gflow.ladder.loss_ladder`).
+      at its best a, the context unigram; [`gflow.loss_ladder`][gflow.loss_ladder]).
 
     :meth:`Theory.to_json` is the JSON form (``theory.json``, ``gflow theory --json``).
     """
     t0 = time.perf_counter()
+    if isinstance(data_cfg, Config):
+        if any(x is not None for x in (model_cfg, estimator_cfg, init_cfg)):
+            raise TypeError("theory_report(cfg): a Config holds every section; pass no model/estimator/init section")
+        cfg = data_cfg
+        data_cfg, model_cfg, estimator_cfg, init_cfg = cfg.data, cfg.model, cfg.estimator, cfg.init
+        schedule = cfg.schedule
+    else:
+        schedule = Config().schedule
+    eta_C = schedule.eta_C if eta_C is None else eta_C
+    delta = schedule.delta if delta is None else delta
     data_cfg = DataConfig() if data_cfg is None else data_cfg
     model_cfg = ModelConfig() if model_cfg is None else model_cfg
     estimator_cfg = EstimatorConfig() if estimator_cfg is None else estimator_cfg
@@ -174,7 +201,8 @@ def theory_report(
         data_cfg, model_cfg, estimator_cfg, init_cfg, n_pi=rank.n_pi, pi_seed=pi_seed, eta_C=eta_C, delta=delta
     )
     key["n_pi_asked"] = int(n_pi)
-    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star], kernel_conditional(data_cfg, estimator_cfg))
+    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star], kernel_conditional(data_cfg, estimator_cfg),
+                     estimator_cfg)
     return Theory(
         config=key,
         sets=sets,
@@ -192,12 +220,12 @@ def theory_report(
     )
 
 
-def _ladder(loss, data_cfg, S, law, pi_cond) -> dict | None:
-    """The loss ladder of the sample (docs/theory/mathematics.md §M8.3; :mod:`gflow.ladder`), the GIH
+def _ladder(loss, data_cfg, S, law, pi_cond, estimator_cfg) -> dict | None:
+    """The loss ladder of the sample (docs/theory/mathematics.md §M8.3; :mod:`gflow.theory._ladder`), the GIH
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
     try:
-        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit, pi_cond=pi_cond).to_json()
+        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit, pi_cond=pi_cond, estimator=estimator_cfg).to_json()
     except ValueError:
         return None
 

@@ -16,13 +16,13 @@ in the parent), plus its ``VmHWM`` right after the cold call.
 The target is a cold run ≤ 60 s on a 2-core laptop CPU: a theorist iterates on
 configurations interactively, so a default run must finish in about a minute,
 compilation included. The study of fixed-step gradient descent against the flow
-is `scripts/gd_study.py`.
+is `scripts/benchmarks/gd_study.py`.
 
 Usage::
 
-    python scripts/bench_flow.py                 # default, N = 10,000, L = 100
-    python scripts/bench_flow.py --N 2000        # smaller
-    python scripts/bench_flow.py --json          # also print a JSON summary
+    python scripts/benchmarks/bench_flow.py                 # default, N = 10,000, L = 100
+    python scripts/benchmarks/bench_flow.py --N 2000        # smaller
+    python scripts/benchmarks/bench_flow.py --json          # also print a JSON summary
 
 Timings on a shared machine are noisy: the load average is printed next to
 every timing section.

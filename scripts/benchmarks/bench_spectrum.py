@@ -1,4 +1,4 @@
-"""What the Hessian spectrum and GD's modified flow cost, in gradients (README §M9).
+"""What the Hessian spectrum and GD's modified flow cost, in gradients (docs/theory/mathematics.md §M9).
 
 Two ratios, each measured in one process with the calls interleaved (the machine is
 shared: a ratio of interleaved medians is robust to load that drifts, an absolute
@@ -24,8 +24,8 @@ layout by JAX's Hessian-vector products.
 
 Usage::
 
-    python scripts/bench_spectrum.py            # the default, N = 10^4
-    python scripts/bench_spectrum.py --published --reps 15
+    python scripts/benchmarks/bench_spectrum.py            # the default, N = 10^4
+    python scripts/benchmarks/bench_spectrum.py --published --reps 15
 """
 
 from __future__ import annotations

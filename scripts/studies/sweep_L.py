@@ -39,8 +39,8 @@ scale it.
 
 Usage::
 
-    python scripts/sweep_L.py
-    python scripts/sweep_L.py --Ls 25 50 100 200 400 800 --R 10 --N 10000
+    python scripts/studies/sweep_L.py
+    python scripts/studies/sweep_L.py --Ls 25 50 100 200 400 800 --R 10 --N 10000
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from _bench import save_figure
+from _study import save_figure
 
 import gflow
 from gflow.core._model import subset_label
 from gflow.theory._theory import make_gih, modified_chi2_ranking, stage3_law
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def mean_se(x) -> tuple[float, float]:
@@ -111,7 +111,7 @@ def _measure(args, data0, est, S, L, key) -> tuple[dict, tuple]:
         blk = jax.tree.map(lambda x, r=r: x[r * args.N : (r + 1) * args.N], smp)
         gih = make_gih(blk, S, eps=float(est.eps), kind=est.loss)
         laws.append(stage3_law(gih, a_max=args.a_max))
-    curve = (laws[0].a, laws[0].Fexp, laws[0].a_star)
+    curve = (laws[0].a_grid, laws[0].Fexp, laws[0].a_star)
     nan = lambda v: np.nan if v is None else v
     vals = {
         "a_star": [nan(w.a_star) for w in laws],

@@ -12,7 +12,7 @@ memory preflight, no compute), classified as
 - ``accepted-invalid``: an invalid input accepted (exit 0);
 - ``refused-valid``: a valid input refused.
 
-    python scripts/fuzz_inputs.py [--n 400] [--seed 0]
+    python tests/fuzz_inputs.py [--n 400] [--seed 0]
 
 The memory budget is fixed (``GFLOW_MAX_MEMORY=8G``) so that the classes do not depend on the
 machine. ``tests/test_fuzz.py`` runs the same generator (fewer cases) in the default suite.

@@ -31,8 +31,8 @@ run saved in ``--out`` (e.g. an interrupted one), ``--overwrite`` replaces it.
 
 Usage::
 
-    python scripts/reproduce_paper.py                 # the paper's default
-    python scripts/reproduce_paper.py --N 2000 --L 40 --out runs/small
+    python scripts/studies/reproduce_paper.py                 # the paper's default
+    python scripts/studies/reproduce_paper.py --N 2000 --L 40 --out runs/small
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from gflow.figures._plot import (
     plot_summary,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _label(S) -> str:

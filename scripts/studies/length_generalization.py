@@ -29,8 +29,8 @@ machine; ``--N 10000`` is the default run); each evaluation draws ``--eval-N``
 
 Usage::
 
-    python scripts/length_generalization.py
-    python scripts/length_generalization.py --N 10000 --eval-N 10000
+    python scripts/studies/length_generalization.py
+    python scripts/studies/length_generalization.py --N 10000 --eval-N 10000
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import gflow
 from gflow import evaluate
 from gflow.core._model import subset_label
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv=None) -> int:

@@ -46,9 +46,9 @@ Runtime: about a minute on 2 CPU cores at the default (much of it compilation).
 
 Usage::
 
-    python scripts/gd_vs_gf.py
-    python scripts/gd_vs_gf.py --etas 0.2 0.1 0.05 0.025 0.0125 --T 40
-    python scripts/gd_vs_gf.py --c0 0.01 --T 2 --etas 0.02 0.01 0.005   # the paper's c0: stiff
+    python scripts/studies/gd_vs_gf.py
+    python scripts/studies/gd_vs_gf.py --etas 0.2 0.1 0.05 0.025 0.0125 --T 40
+    python scripts/studies/gd_vs_gf.py --c0 0.01 --T 2 --etas 0.02 0.01 0.005   # the paper's c0: stiff
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _bench import save_figure
+from _study import save_figure
 from jax.flatten_util import ravel_pytree
 
 import gflow
 from gflow.core._model import Params
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _theta(traj) -> np.ndarray:

@@ -65,11 +65,11 @@ is why the path criterion is printed too.
 
 Usage::
 
-    python scripts/gd_study.py                 # default, N = 10,000, L = 100
-    python scripts/gd_study.py --quick         # N = 2,000, smaller fits
-    python scripts/gd_study.py --json          # also print a JSON summary
+    python scripts/benchmarks/gd_study.py                 # default, N = 10,000, L = 100
+    python scripts/benchmarks/gd_study.py --quick         # N = 2,000, smaller fits
+    python scripts/benchmarks/gd_study.py --json          # also print a JSON summary
 
-The staged flow it compares with is run by `scripts/bench_flow.py`'s timed subprocess
+The staged flow it compares with is run by `scripts/benchmarks/bench_flow.py`'s timed subprocess
 (so its evaluation counts are the benchmark's). Timings on a shared machine are noisy:
 the load average is printed next to every timing section.
 """

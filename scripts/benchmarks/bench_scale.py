@@ -39,8 +39,8 @@ results does.
 
 Usage::
 
-    python scripts/bench_scale.py                       # 1e4, 1e5, 1e6 and the 4-device check
-    python scripts/bench_scale.py --sizes 1e4 --devices 0
+    python scripts/benchmarks/bench_scale.py                       # 1e4, 1e5, 1e6 and the 4-device check
+    python scripts/benchmarks/bench_scale.py --sizes 1e4 --devices 0
 """
 
 from __future__ import annotations

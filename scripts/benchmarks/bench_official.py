@@ -31,9 +31,9 @@ evaluation. Several minutes.
 
 Usage::
 
-    python scripts/bench_official.py                 # part eval (about a minute)
-    python scripts/bench_official.py --part both
-    python scripts/bench_official.py --rounds 40 --N 9000
+    python scripts/benchmarks/bench_official.py                 # part eval (about a minute)
+    python scripts/benchmarks/bench_official.py --part both
+    python scripts/benchmarks/bench_official.py --rounds 40 --N 9000
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 resident memory of building the loss and taking one gradient and the loss statistics, each
 configuration in a fresh process (peak RSS minus the RSS after importing gflow and a warm-up).
 
-    python scripts/preflight_calibrate.py
+    python scripts/benchmarks/preflight_calibrate.py
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ diagram with the phase tool itself, then draws it.
    ``figures/phase_map.png`` and ``figures/phase_heat.png``; the scan's table
    goes to ``figures/phase_search.md``.
 
-Usage: ``python scripts/phase_diagram.py [--out DIR] [--N 5000] [--n 8]``
+Usage: ``python scripts/studies/phase_diagram.py [--out DIR] [--N 5000] [--n 8]``
 (about 5–10 minutes on 2 busy cores; every point is theory only).
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import gflow
 from gflow.runs._phase import run_phase
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SCANS = {
     "init.w_plus": "log:0.5:8:7",

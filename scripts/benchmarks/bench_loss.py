@@ -17,8 +17,8 @@ the difference is what the configuration costs, compilation included.
 
 Usage::
 
-    python scripts/bench_loss.py            # the full table
-    python scripts/bench_loss.py --quick    # the default configuration only
+    python scripts/benchmarks/bench_loss.py            # the full table
+    python scripts/benchmarks/bench_loss.py --quick    # the default configuration only
 
 Timings on a shared machine are noisy: the load average is printed with the
 table, and min/max are given next to the median.

@@ -14,7 +14,7 @@ reference-compatible setting (docs/guides/official-model.md):
 - ``model.head_norm = true``, ``model.windows = "shifted"``,
   ``estimator.target = "drawn"``, ``estimator.layout = "sparse"`` (what ``"auto"``
   picks here; the committed runs were computed in the ``"heads"`` layout, equal to
-  rounding and several times slower per evaluation: ``scripts/bench_official.py``;
+  rounding and several times slower per evaluation: ``scripts/benchmarks/bench_official.py``;
   resuming them needs ``--layout heads``, the layout being part of a run's configuration);
 
 twice: gflow's gradient flow (Tsit5, float64, rtol 1e-6, atol 1e-9: cheaper than
@@ -43,9 +43,9 @@ quiet core (in C it had reached only t = 9.26 in 818 s). Both runs resume
 
 Usage::
 
-    python scripts/reproduce_published_run.py                  # both runs, then the figure
-    python scripts/reproduce_published_run.py --which gd --gd-t1 1e4 --resume
-    python scripts/reproduce_published_run.py --plot-only
+    python scripts/studies/reproduce_published_run.py                  # both runs, then the figure
+    python scripts/studies/reproduce_published_run.py --which gd --gd-t1 1e4 --resume
+    python scripts/studies/reproduce_published_run.py --plot-only
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import numpy as np
 
 import gflow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "paper_run_CWa.csv"
 
 # Published column order of the selector weights (heads = offsets).

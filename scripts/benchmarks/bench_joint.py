@@ -33,8 +33,8 @@ gradients of all seeds in one call). Targets: ≤ 2 ms, and R = 8 ≤ 3× one se
 
 Usage::
 
-    python scripts/bench_joint.py                 # both parts (several minutes: GD is ~6 min alone)
-    python scripts/bench_joint.py --part sgd
+    python scripts/benchmarks/bench_joint.py                 # both parts (several minutes: GD is ~6 min alone)
+    python scripts/benchmarks/bench_joint.py --part sgd
 """
 
 from __future__ import annotations

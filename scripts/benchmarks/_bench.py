@@ -1,6 +1,6 @@
 """Measurement helpers shared by the benchmark scripts (``bench_*.py``).
 
-The scripts run as ``python scripts/bench_x.py``, so this folder is on
+The scripts run as ``python scripts/benchmarks/bench_x.py``, so this folder is on
 ``sys.path`` and ``import _bench`` finds this file (their subprocesses run the
 same script file, so the same holds there).
 """
@@ -91,12 +91,3 @@ def median_s(fn, reps: int) -> float:
     jax.block_until_ready(fn())
     return float(np.median(timings(fn, reps)))
 
-
-def save_figure(fig, path, dpi: int = 120):
-    """Write a script's figure to `path` (its folder created), returning the path."""
-    from pathlib import Path
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path

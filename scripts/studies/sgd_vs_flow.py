@@ -18,7 +18,7 @@ SGD's mean over seeds with a band of ± one standard deviation (blue), the SME's
 
 Usage::
 
-    python scripts/sgd_vs_flow.py [--t1 100] [--out figures/sgd_vs_flow.png]
+    python scripts/studies/sgd_vs_flow.py [--t1 100] [--out figures/sgd_vs_flow.png]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@
    ratios warm/cold. Target: ≤ 0.5 (a second invocation should not pay the set-up again).
 
 Prints the load average (``uptime``) with every number. Usage:
-``python scripts/bench_phase.py [--flow-points 4] [--skip-theory] [--skip-flow] [--warm 3]``.
+``python scripts/benchmarks/bench_phase.py [--flow-points 4] [--skip-theory] [--skip-flow] [--warm 3]``.
 """
 
 from __future__ import annotations

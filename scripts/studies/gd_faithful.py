@@ -33,9 +33,9 @@ Runs are kept as run folders under ``--out`` (``--plot-only`` redraws from them)
 
 Usage::
 
-    python scripts/gd_faithful.py                 # figures/gd_faithful.png
-    python scripts/gd_faithful.py --full
-    python scripts/gd_faithful.py --plot-only
+    python scripts/studies/gd_faithful.py                 # figures/gd_faithful.png
+    python scripts/studies/gd_faithful.py --full
+    python scripts/studies/gd_faithful.py --plot-only
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import save_figure
+from _study import save_figure
 
 import gflow
 from gflow.dynamics import step_scales
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _WIN = (1, 2)  # the published run's winner
 _N_ETA = 9  # η = η_c(0)·2^{1..−7}
 _FIT_BELOW = 0.25  # slopes fitted on η <= this fraction of η_c(0)

@@ -43,8 +43,8 @@ runs with the same configuration from there instead of integrating again.
 
 Usage::
 
-    python scripts/joint_vs_staged.py
-    python scripts/joint_vs_staged.py --joint 1,1,1 1,0.001,1 1,1,0.01 --reuse
+    python scripts/studies/joint_vs_staged.py
+    python scripts/studies/joint_vs_staged.py --joint 1,1,1 1,0.001,1 1,1,0.01 --reuse
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench import save_figure
+from _study import save_figure
 
 import gflow
 from gflow.core._model import subset_label
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _etas(s: str) -> tuple[float, float, float]:
