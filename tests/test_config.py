@@ -324,3 +324,15 @@ def test_small_N_warns(tmp_path, capsys, monkeypatch):
     p.write_text("[estimator]\nN = 100\n")
     gflow.cli.main(["run", str(p), "--out", str(tmp_path / "o2"), "--quiet"])
     assert "warning" not in capsys.readouterr().err
+
+
+def test_unknown_names_suggest_the_closest():
+    """A misspelt section or key names the closest allowed ones, and a key of another section."""
+    with pytest.raises(ValueError, match=r"unknown config section 'estimater' \(did you mean 'estimator'\?\)"):
+        from_dict({"estimater": {}})
+    with pytest.raises(ValueError, match=r"unknown config key data.N \(did you mean 'estimator.N'\?\)"):
+        from_dict({"data": {"N": 3}})
+    with pytest.raises(ValueError, match=r"unknown config key model.membr \(did you mean 'model.member'\?\)"):
+        from_dict({"model": {"membr": "full"}})
+    with pytest.raises(ValueError, match=r"unknown config key solver.zzz; allowed keys of \[solver\]"):
+        from_dict({"solver": {"zzz": 1}})

@@ -32,7 +32,8 @@ LAYERS = [
     ("gflow.__main__", "gflow"),
 ]
 SUBPACKAGES = (
-    "gflow._util", "gflow.core", "gflow.dynamics", "gflow.theory", "gflow.checks", "gflow.figures", "gflow.runs", "gflow.cli",
+    "gflow._util", "gflow.core", "gflow.config", "gflow.dynamics", "gflow.theory", "gflow.checks", "gflow.figures", "gflow.runs",
+    "gflow.cli",
 )
 NO_FILES = ("gflow.core", "gflow.dynamics", "gflow.theory", "gflow.checks")
 # What writes or removes a file or a folder: functions called by name, methods of any object,

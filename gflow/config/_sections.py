@@ -1,42 +1,29 @@
-"""Run configuration: data, model, initialisation, schedule, solver, estimator, and the
-stochastic runs' ``[sgd]`` and ``[sde]`` sections (read only by ``solver.method = "sgd"``
-or ``"sde"``).
-
-Every field has the paper's default (the paper's simulations), so ``Config()``
-— or an empty TOML file — is the paper's default run. A TOML file has one
-table per section::
-
-    [data]
-    L = 40
-    parents = [1, 2]
-
-    [schedule]
-    kind = "staged"
-    durations = [1e3, 1e9, 1e5]
-
-Unknown sections or keys, values of the wrong type (every key has one
-declared type, :data:`_KEY_TYPES`: a bool is not an integer, a float is never
-truncated, NaN and infinities are refused) and values out of range raise
-``ValueError`` naming the key (``data.L``), the value given and what was
-expected, before anything is computed. Every integer key has bounds
-(:data:`LIMITS`, with the number of parents, of selectable sets and the depth of a
-kernel literal), checked before any size is computed from it; the memory the
-configuration needs is checked by :func:`gflow.runs.preflight` before any compute.
-"""
+"""The sections of a configuration (``[schedule]``, ``[solver]``, ``[sgd]``, ``[sde]``; the
+data, model, initialisation and estimator sections are gflow.core's) and :class:`Config`."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
-import tomllib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import numpy as np
 
-from .core import MAX_RELABEL_D, DataConfig, EstimatorConfig, InitConfig, ModelConfig
+from ..core import MAX_RELABEL_D, DataConfig, EstimatorConfig, InitConfig, ModelConfig
+from ._limits import (
+    LIMITS,
+    MAX_KERNEL_DEPTH,
+    MAX_SETS,
+    check_limits,
+    init_bounds,
+    is_float,
+    is_int,
+    n_sets,
+    short_repr,
+)
 
 _KINDS = ("staged", "joint")
 _METHODS = ("tsit5", "kvaerno5", "gd", "modified", "sgd", "sde")
@@ -47,57 +34,6 @@ STOCHASTIC_METHODS = ("sgd", "sde")
 _SAMPLINGS = ("fresh", "fixed", "replace")
 _SHARDS = ("none", "seeds", "batch")
 _JOINT_COORDS = ("log", "C")
-
-# Bounds of every integer key, ``key: (lowest, highest)``, checked before a section is built (so
-# that no size is ever computed from, say, M = 10**30). The upper bounds are far above any run
-# that fits in memory; they exist so that every later expression (``d**k``, ``(d+1)**M``, a
-# sample of ``N·(burn_in+L)`` tokens, ``max_steps`` in a compiled loop) stays a small, fast
-# integer computation and within int32/int64. Whether a configuration inside them fits in the
-# memory of the machine is the resource preflight's question (:func:`gflow.runs.preflight`).
-LIMITS: dict[str, tuple[int, int]] = {
-    "data.d": (2, 4096),
-    "data.parents": (1, 4096),  # each offset
-    "data.L": (1, 10**7),
-    "data.burn_in": (0, 10**7),
-    "model.M": (1, 1024),
-    "model.H": (1, 1024),
-    "model.D": (0, 1024),
-    "solver.max_steps": (1, 10**9),
-    "solver.save_per_decade": (1, 10**4),
-    "estimator.N": (1, 10**9),
-    "estimator.seed": (0, 2**32 - 1),  # jax.random.key's 32-bit seed range (replicates add r to it)
-    "estimator.chunk": (0, 10**9),
-    "sgd.batch": (1, 10**9),
-    "sgd.seeds": (1, 10**6),
-    "sgd.seed": (0, 2**32 - 1),  # jax.random.key's 32-bit seed range
-    "sde.sigma_sample": (0, 10**9),
-}
-MAX_PARENTS = 32  # len(data.parents): the kernel has d**k rows
-MAX_SETS = 2**16  # |𝒮| = Σ_{r <= D} C(H, r): the selector's size, enumerated as tuples
-MAX_KERNEL_DEPTH = MAX_PARENTS + 1  # data.kernel: (d**k, d) or (d,)*k + (d,)
-
-
-def n_sets(H: int, D: int, limit: int = MAX_SETS) -> int:
-    """``|𝒮| = Σ_{r <= D} C(H, r)`` without enumerating it, stopping as soon as it exceeds `limit`
-    (then ``limit + 1``)."""
-    total, term = 0, 1
-    for r in range(0, min(D, H) + 1):
-        if r:
-            term = term * (H - r + 1) // r
-        total += term
-        if total > limit:
-            return limit + 1
-    return total
-
-
-def init_bounds(dtype: str) -> tuple[float, float]:
-    """``(big, gap)`` for the initialisation in `dtype`: ``|a0|, |w_plus|, |w_minus| <= big = ln(max)``
-    (``e^a`` and ``e^w`` are finite: the classifier reads ``e^{a·κ}`` with ``κ <= 1``, the theory
-    ``F(a)·e^a``) and ``|w_plus − w_minus| <= gap = −ln(tiny)`` (the smallest attention weight
-    ``≈ e^{−|w_plus − w_minus|}`` is a normal number, so every weight and its gradient is
-    non-zero). float64: 709.78 and 708.40; float32: 88.72 and 87.34."""
-    fi = np.finfo(dtype)
-    return math.log(float(fi.max)), -math.log(float(fi.tiny))
 
 
 def _floats(x) -> tuple[float, ...]:
@@ -373,7 +309,7 @@ class Config(eqx.Module):
     sde: SDESection = SDESection()
 
     def __check_init__(self):
-        _check_limits(self.to_dict())  # before anything below computes a size from them
+        check_limits(self.to_dict())  # before anything below computes a size from them
         m = self.model
         if n_sets(m.H + (1 if m.family.token_component else 0), m.D) > MAX_SETS:
             raise ValueError(
@@ -457,7 +393,7 @@ class Config(eqx.Module):
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """Plain (TOML/JSON-serialisable) dictionary of every field."""
         out = {}
-        for sec in _SECTIONS:
+        for sec in SECTIONS:
             obj = getattr(self, sec)
             vals = {}
             for f in dataclasses.fields(obj):
@@ -473,7 +409,7 @@ class Config(eqx.Module):
         return out
 
 
-_SECTIONS = {
+SECTIONS = {
     "data": DataConfig,
     "model": ModelConfig,
     "init": InitConfig,
@@ -489,45 +425,40 @@ _SECTIONS = {
 # ---------------------------------------------------------------------------
 
 
-class _Type(NamedTuple):
+class KeyType(NamedTuple):
     """An accepted type: `expected` is what an error message says was expected."""
 
     expected: str
     ok: Callable[[Any], bool]
 
 
-def _is_int(v) -> bool:
-    # bool is an int in Python, and 2.0 is not an integer: neither is accepted
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _is_float(v) -> bool:
-    return (_is_int(v) or isinstance(v, (float, np.floating))) and math.isfinite(v)
 
 
-_INT = _Type("an integer (not a float or a bool)", _is_int)
-_FLOAT = _Type("a finite number (not a string or a bool)", _is_float)
-_BOOL = _Type("true or false", lambda v: isinstance(v, (bool, np.bool_)))
-_STR = _Type("a string", lambda v: isinstance(v, str))
-_INTS = _Type(
+_INT = KeyType("an integer (not a float or a bool)", is_int)
+_FLOAT = KeyType("a finite number (not a string or a bool)", is_float)
+_BOOL = KeyType("true or false", lambda v: isinstance(v, (bool, np.bool_)))
+_STR = KeyType("a string", lambda v: isinstance(v, str))
+_INTS = KeyType(
     "an integer or a list of integers (not floats or bools)",
-    lambda v: _is_int(v) or (isinstance(v, (list, tuple)) and all(_is_int(x) for x in v)),
+    lambda v: is_int(v) or (isinstance(v, (list, tuple)) and all(is_int(x) for x in v)),
 )
-_FLOATS = _Type(
-    "a list of finite numbers", lambda v: isinstance(v, (list, tuple)) and all(_is_float(x) for x in v)
+_FLOATS = KeyType(
+    "a list of finite numbers", lambda v: isinstance(v, (list, tuple)) and all(is_float(x) for x in v)
 )
-_STRS = _Type(
+_STRS = KeyType(
     "a string or a list of strings",
     lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)),
 )
-_MATRIX = _Type("a (nested) list of finite numbers", lambda v: _kernel_problem(v) is None)
+_MATRIX = KeyType("a (nested) list of finite numbers", lambda v: kernel_problem(v) is None)
 
 # The type of every configuration key. To add a key: add the field (with its default and its range
 # check in ``__check_init__``) to the section's class, and ONE line here, ``"section.key": _TYPE``;
 # tests/test_config.py checks that every field of every section has a line. Ranges and allowed
 # values are checked by the section classes, after the types. Keys listed here that a section does
 # not have are still rejected as unknown (lines for keys other branches add are harmless).
-_KEY_TYPES: dict[str, _Type] = {
+KEY_TYPES: dict[str, KeyType] = {
     "data.d": _INT,
     "data.parents": _INTS,
     "data.alpha": _FLOAT,
@@ -591,16 +522,8 @@ _KEY_TYPES: dict[str, _Type] = {
 }
 
 
-def _short(v, n: int = 80) -> str:
-    """``repr(v)``, cut to `n` characters (a message never prints a whole table or a deep list)."""
-    try:
-        r = repr(v)
-    except RecursionError:
-        r = f"<a {type(v).__name__} nested too deeply to print>"
-    return r if len(r) <= n else r[: n - 5] + " …" + r[-3:]
 
-
-def _kernel_problem(v) -> str | None:
+def kernel_problem(v) -> str | None:
     """Why `v` is not a rectangular nested list of finite numbers at most :data:`MAX_KERNEL_DEPTH`
     deep (``None`` if it is one); iterative, so any depth is answered without recursion."""
     if v is None:
@@ -625,52 +548,28 @@ def _kernel_problem(v) -> str | None:
         level = [y for x in level for y in x]
     if not shape:
         return "a (nested) list of finite numbers, not a single value"
-    if not all(_is_float(x) for x in level):
+    if not all(is_float(x) for x in level):
         return "a (nested) list of finite numbers (no strings, bools, NaN or infinities)"
     return None
 
 
-def _check_int(name: str, v) -> None:
-    lo, hi = LIMITS[name]
-    if v < lo and name == "estimator.seed":  # every other key's section states its own lower bound
-        raise ValueError(f"{name} must be an integer >= {lo}, got {_short(v)}")
-    if v > hi:
-        raise ValueError(f"{name} must be an integer <= {hi} (gflow's bound on it, gflow.config.LIMITS), got {_short(v)}")
-
-
-def _check_limits(d: dict) -> None:
-    """:data:`LIMITS` (and the number of parents) of a configuration dictionary: ``ValueError``
-    naming the key."""
-    for name in LIMITS:
-        sec, key = name.split(".")
-        v = d.get(sec, {}).get(key)
-        if v is None:
-            continue
-        vals = list(v) if isinstance(v, (list, tuple)) else [v]
-        if name == "data.parents" and len(vals) > MAX_PARENTS:
-            raise ValueError(f"data.parents must have at most {MAX_PARENTS} offsets, got {len(vals)}")
-        for x in vals:
-            if _is_int(x):
-                _check_int(name, x)
-
-
-def _check_type(sec: str, key: str, v) -> Any:
+def check_type(sec: str, key: str, v) -> Any:
     """``v`` if it has the key's type (ints of float keys become floats) and, for an integer key,
     lies within :data:`LIMITS`, else ``ValueError`` naming the key, the value given and what was
     expected."""
     name = f"{sec}.{key}"
-    t = _KEY_TYPES.get(name)
+    t = KEY_TYPES.get(name)
     if t is None:  # a field without a line in the table: its class checks it
         return v
     if t is _MATRIX:
-        why = _kernel_problem(v)
+        why = kernel_problem(v)
         if why is not None:
-            raise ValueError(f"{name} must be {why}, got {_short(v)}")
+            raise ValueError(f"{name} must be {why}, got {short_repr(v)}")
         return v
     if not t.ok(v):
-        raise ValueError(f"{name} must be {t.expected}, got {_short(v)} ({type(v).__name__})")
+        raise ValueError(f"{name} must be {t.expected}, got {short_repr(v)} ({type(v).__name__})")
     if name in LIMITS:
-        _check_limits({sec: {key: v}})
+        check_limits({sec: {key: v}})
     if t is _FLOAT:
         return float(v)
     if t is _FLOATS:
@@ -678,24 +577,38 @@ def _check_type(sec: str, key: str, v) -> Any:
     return v
 
 
+def did_you_mean(name: str, allowed, section: str | None = None, given=()) -> str:
+    """``" (did you mean 'x'?)"`` for the closest allowed names (``difflib``, cutoff 0.6), or
+    ``""``; for a key, also the same key in another section (``data.N`` → ``estimator.N``)."""
+    close = [c for c in difflib.get_close_matches(name, list(allowed), n=2, cutoff=0.6) if c not in given]
+    if section is not None:
+        close = [f"{section}.{c}" for c in close]
+        close += [f"{s}.{name}" for s, cls in SECTIONS.items()
+                  if s != section and name in {f.name for f in dataclasses.fields(cls)}]  # fmt: skip
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
 def from_dict(d: dict[str, Any]) -> Config:
     """Build a :class:`Config` from nested dictionaries; unknown sections or
-    keys, and values of the wrong type (:data:`_KEY_TYPES`), raise
+    keys, and values of the wrong type (:data:`KEY_TYPES`), raise
     ``ValueError`` naming them. Missing fields take their defaults."""
     if not isinstance(d, dict):
         raise ValueError(f"a configuration must be a table of sections, got {type(d).__name__}")
     kwargs = {}
     for sec, vals in d.items():
-        if sec not in _SECTIONS:
-            raise ValueError(f"unknown config section {sec!r}; allowed: {sorted(_SECTIONS)}")
+        if sec not in SECTIONS:
+            raise ValueError(f"unknown config section {sec!r}{did_you_mean(sec, SECTIONS)}; allowed: {sorted(SECTIONS)}")
         if not isinstance(vals, dict):
             raise ValueError(f"config section {sec!r} must be a table of keys, got {vals!r}")
-        cls = _SECTIONS[sec]
+        cls = SECTIONS[sec]
         allowed = [f.name for f in dataclasses.fields(cls)]
         for k in vals:
             if k not in allowed:
-                raise ValueError(f"unknown config key {sec}.{k}; allowed keys of [{sec}]: {allowed}")
-        vals = {k: _check_type(sec, k, v) for k, v in vals.items()}
+                raise ValueError(f"unknown config key {sec}.{k}{did_you_mean(k, allowed, sec, vals)}; "
+                                 f"allowed keys of [{sec}]: {allowed}")  # fmt: skip
+        vals = {k: check_type(sec, k, v) for k, v in vals.items()}
         try:
             kwargs[sec] = cls(**vals)
         except (TypeError, ValueError, OverflowError) as e:
@@ -707,80 +620,3 @@ def from_dict(d: dict[str, Any]) -> Config:
         return Config(**kwargs)
     except (TypeError, OverflowError) as e:
         raise ValueError(f"bad configuration: {e}") from None
-
-
-# Below this many sequences the Monte Carlo standard errors mean little: the estimated standard
-# deviation s has a relative sampling error of about 1/sqrt(2(N-1)) (> 7 % for N < 100, Gaussian
-# per-sequence values; more for the heavy-tailed log losses), and the checks read |x − theory| <= k·se
-# as a confidence statement, which needs the central limit theorem to hold for the sample mean.
-N_WARN = 100
-
-
-def refuse_sgd(cfg: Config, what: str) -> None:
-    """``ValueError`` if ``cfg`` asks for a stochastic method (``solver.method = "sgd"`` or
-    ``"sde"``), which `what` (a flow integrator) cannot run: R seeds are not one trajectory."""
-    m = cfg.solver.method_for("I")
-    if m in STOCHASTIC_METHODS:
-        raise ValueError(
-            f"solver.method = {m!r} runs R seeds (sgd.seeds), not one flow: {what} integrates flows "
-            f"(solver.method one of {tuple(x for x in _METHODS if x not in STOCHASTIC_METHODS)}); run it with "
-            f"`gflow run CONFIG --out DIR` or gflow.integrate(config), which write a trajectory with a seed axis"
-        )
-
-
-def warnings_for(cfg: Config) -> list[str]:
-    """Warnings about a configuration that is valid but degenerate (printed by ``gflow run``)."""
-    out = []
-    if cfg.estimator.N < N_WARN:
-        out.append(
-            f"estimator.N = {cfg.estimator.N} < {N_WARN}: the Monte Carlo standard errors (and the checks built "
-            f"on them) are not meaningful; the flow is that of a {cfg.estimator.N}-sequence sample"
-        )
-    return out
-
-
-def load_config(path: str | Path | None) -> Config:
-    """Read a TOML configuration (``None``: the paper's default)."""
-    if path is None:
-        return Config()
-    path = Path(path)
-    what = _not_a_file(path)
-    if what is not None:
-        raise ValueError(f"config file {str(path)!r} {what}: a configuration is a TOML file")
-    try:
-        with open(path, "rb") as f:
-            d = tomllib.load(f)
-    except RecursionError:
-        raise ValueError(f"config file {str(path)!r} nests arrays or tables too deeply to be a configuration") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"config file {str(path)!r} is not valid TOML: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"config file {str(path)!r} is not a text (UTF-8) TOML file: {e.reason} at byte {e.start}"
-        ) from None
-    except OSError as e:
-        raise ValueError(f"config file {str(path)!r} cannot be read: {e.strerror}") from None
-    return from_dict(d)
-
-
-def _not_a_file(path: Path) -> str | None:
-    """What `path` is when it is not a readable regular file or a pipe (``None`` when it is)."""
-    import stat
-
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return "does not exist"
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):  # a pipe: `gflow run <(…)` reads it once
-        return None
-    if stat.S_ISDIR(mode):
-        return "is a directory"
-    if stat.S_ISCHR(mode):
-        return "is a character device (like /dev/null), not a file"
-    if stat.S_ISBLK(mode):
-        return "is a block device, not a file"
-    if stat.S_ISSOCK(mode):
-        return "is a socket, not a file"
-    return "is not a regular file"
