@@ -180,6 +180,13 @@ class Trajectory:
         """θ's blocks by name at saved index (or slice) `i`: ``w``, ``C``, ``a`` and the extras."""
         return {"w": self.w[i], "C": self.C[i], "a": self.a[i], **{b: v[i] for b, v in self.x.items()}}
 
+    def first_layer(self, i):
+        """θ without C and a at saved index `i`: ``w[i]`` for the paper's model, else the dict of
+        w and the member's extra blocks (``gflow.Params.assemble`` puts θ back together)."""
+        if not self.x:
+            return self.w[i]
+        return {"w": self.w[i], **{b: v[i] for b, v in self.x.items()}}
+
     @property
     def integrated(self) -> bool:
         """Whether the integration is complete (status ``"complete"`` or :data:`WRITING`)."""

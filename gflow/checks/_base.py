@@ -45,29 +45,36 @@ def contrast(s, c_frac, S, sets, model=None) -> float:
     return lam
 
 
+def first_layer(tr, i, dt):
+    """The trajectory's first layer at saved index `i` (w, and a member's extra blocks) as arrays of
+    dtype `dt`, for the model functions below (``gflow.Trajectory.first_layer``)."""
+    return jax.tree.map(lambda v: jnp.asarray(v, dt), tr.first_layer(i))
+
+
 @eqx.filter_jit
 def model_force_per_seq(loss: PopulationLoss, w, C, a):
-    """``−∂ℓ_n/∂a`` for every sequence at θ = (w, C, a)."""
-    f = lambda aa: loss.per_sequence(Params(w=w, C=C, a=aa))
+    """``−∂ℓ_n/∂a`` for every sequence at θ = (w, C, a) (`w`: the first layer, an array or the
+    dict of a member's blocks, :func:`first_layer`)."""
+    f = lambda aa: loss.per_sequence(Params.assemble(w, C, aa))
     return -jax.jvp(f, (a,), (jnp.ones_like(a),))[1]
 
 
 @eqx.filter_jit
 def model_loss_per_seq(loss: PopulationLoss, w, C, a):
-    return loss.per_sequence(Params(w=w, C=C, a=a))
+    return loss.per_sequence(Params.assemble(w, C, a))
 
 
 @eqx.filter_jit
 def _model_force_grid(loss: PopulationLoss, w, C, a_grid):
     """``F(a) = −∂L̂/∂a`` (mean over sequences) at θ = (w, C, a) for every a of `a_grid`."""
-    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params(w=w, C=C, a=aa)))
+    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params.assemble(w, C, aa)))
     return jax.lax.map(lambda aa: -jax.grad(mean_loss)(aa), a_grid)
 
 
 @eqx.filter_jit
 def model_dforce(loss: PopulationLoss, w, C, a):
     """``∂F/∂a = −∂²L̂/∂a²`` at θ = (w, C, a)."""
-    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params(w=w, C=C, a=aa)))
+    mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params.assemble(w, C, aa)))
     return -jax.grad(jax.grad(mean_loss))(a)
 
 
@@ -81,7 +88,7 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
     exact sample mean to ``1e-12``. ``None`` when F > 0 on the whole grid (no finite
     zero up to `a_max`)."""
     dt = loss.eps.dtype
-    w, C = jnp.asarray(w, dt), jnp.asarray(C, dt)
+    w, C = jax.tree.map(lambda v: jnp.asarray(v, dt), w), jnp.asarray(C, dt)
     f = lambda x: float(_model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
     df = lambda x: float(model_dforce(loss, w, C, jnp.asarray(x, dt)))
     f0 = f(a_from)

@@ -31,7 +31,7 @@ def rows_ladder(ctx: Ctx) -> None:
         return
     S = ctx.selected if ctx.selected is not None else ctx.S_star
     law = ctx.th.laws.get(S)
-    theta = Params(w=jnp.asarray(tr.w[-1], dt), C=jnp.asarray(tr.C[-1], dt), a=jnp.asarray(tr.a[-1], dt))
+    theta = Params.from_blocks({b: jnp.asarray(v, dt) for b, v in tr.state(-1).items()})
     try:
         lad = loss_ladder(ctx.loss, ctx.cfg.data, S=S, params=theta, a_gih=None if law is None else law.a_limit,
                           pi_cond=kernel_conditional(ctx.cfg.data, ctx.cfg.estimator), estimator=ctx.cfg.estimator)  # fmt: skip

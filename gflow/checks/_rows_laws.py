@@ -70,8 +70,8 @@ def _rows_stage1_model(ctx: Ctx) -> None:
         return
     eta = float(ctx.cfg.schedule.eta_C)
     dt = ctx.loss.eps.dtype
-    p0 = Params(w=jnp.asarray(tr.w[0], dt), C=jnp.asarray(C0, dt), a=jnp.asarray(tr.a[0], dt))
-    pred = predict_selection(ctx.loss, p0.w, p0.C, float(tr.a[0]), rate=eta, delta=ctx.delta)
+    p0 = Params.from_blocks({**{b: jnp.asarray(v, dt) for b, v in tr.state(0).items()}, "C": jnp.asarray(C0, dt)})
+    pred = predict_selection(ctx.loss, p0.first_layer, p0.C, float(tr.a[0]), rate=eta, delta=ctx.delta)
     ex = stage1_rates_exact(ctx.loss, p0, rate=eta)
     iA = sets.index(pred.selected) if pred.selected is not None else int(np.argmax(ex.r))
     # (i) the slopes
@@ -106,7 +106,7 @@ def _rows_stage1_model(ctx: Ctx) -> None:
         eps = 0.0
         for i in (int(idx[0]),):
             Ci = np.asarray(tr.C[i], np.float64)
-            sm = stage1_rates_small_a(ctx.loss, p0.w, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
+            sm = stage1_rates_small_a(ctx.loss, p0.first_layer, jnp.asarray(Ci, dt), float(tr.a[0]), rate=eta)
             g = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64) / Ci
             for j in others:
                 if sm.diff[iA, j] != 0:
@@ -160,7 +160,7 @@ def _rows_steady(ctx: Ctx) -> None:
         heads = tuple(rec.selected or ())
         if not heads:
             continue
-        p = Params(w=jnp.asarray(tr.w[i]), C=jnp.asarray(tr.C[i]), a=jnp.asarray(tr.a[i]))
+        p = Params.from_blocks({b: jnp.asarray(v) for b, v in tr.state(i).items()})
         vg = copier_vertex_gradient(ctx.loss, p, heads)
         s = np.asarray(tr.s[i])
         att = ", ".join(

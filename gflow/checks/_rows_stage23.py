@@ -16,6 +16,7 @@ from ._base import (
     EVENT_SLACK,
     Ctx,
     contrast,
+    first_layer,
     model_dforce,
     model_force_per_seq,
     model_loss_per_seq,
@@ -244,7 +245,7 @@ def _row_force(ctx: Ctx, d: _S3) -> None:
     C1 = jnp.asarray(_one_hot_C(ctx, d.S), dt)
     for j in k:
         i = int(d.pts[j])
-        w, aj = jnp.asarray(tr.w[i], dt), jnp.asarray(d.a[j], dt)
+        w, aj = first_layer(tr, i, dt), jnp.asarray(d.a[j], dt)
         fm = np.asarray(model_force_per_seq(loss, w, jnp.asarray(tr.C[i], dt), aj), np.float64)
         fg = gih_force_per_seq(d.gih, jnp.asarray(d.a[j], jnp.float64))
         pse.append(sample_se(fm - np.asarray(fg, np.float64)))
@@ -270,7 +271,7 @@ def _frozen_zeros(ctx: Ctx, d: _S3) -> tuple[float | None, float | None]:
     (:func:`~gflow.checks._base.model_zero`), and the same with the selector
     one-hot on S (``C = e_S``) at the same w."""
     tr, a_max = ctx.traj, float(d.law.a_grid[-1])
-    w, C = tr.w[d.end], tr.C[d.end]
+    w, C = tr.first_layer(d.end), tr.C[d.end]
     a0 = model_zero(ctx.loss, w, C, d.a_start, a_max)
     a0_S = model_zero(ctx.loss, w, _one_hot_C(ctx, d.S), d.a_start, a_max)
     return a0, a0_S
@@ -303,7 +304,7 @@ def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
     rec = ctx.stage("III")
     rtol = max(float(sc.rtol), float(np.finfo(dt).eps))  # a float32 run cannot resolve rtol = 1e-8
     tol = 2.0 * max(int(rec.steps), 1) * (rtol * abs(a0) + sc.atol)
-    slope = abs(float(model_dforce(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
+    slope = abs(float(model_dforce(ctx.loss, first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt),
                                     jnp.asarray(a0, dt))))  # fmt: skip
     left = abs(float(d.force[-1])) / slope if slope > 0 else math.inf
     why = None if left <= tol / 4.0 else f"Stage III not settled: |F(a_end)|/|F'(a°)| = {left:.3g}"
@@ -337,7 +338,7 @@ def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
         ctx.info(name, "∞ (F > 0 on the grid)", a_end, "no finite a* on the theory's grid", "finite")
         return False
     tr, dt = ctx.traj, ctx.loss.eps.dtype
-    fm = model_force_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt), jnp.asarray(a_star, dt))
+    fm = model_force_per_seq(ctx.loss, first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt), jnp.asarray(a_star, dt))
     fg = gih_force_per_seq(d.gih, jnp.asarray(a_star, jnp.float64))
     slope_F = abs(float(gih_dforce(d.gih, jnp.asarray(a_star, jnp.float64))))
     pse = sample_se(np.asarray(fm, np.float64) - np.asarray(fg, np.float64))
@@ -377,14 +378,14 @@ def _row_limit_loss(ctx: Ctx, d: _S3, too_short: bool) -> None:
     ``L_GIH(0) − inf L_GIH`` (a model stuck halfway between the unigram and the induction head)."""
     law, tr, dt = d.law, ctx.traj, ctx.loss.eps.dtype
     lim, a_lim = law.limit_loss, law.a_limit
-    lm = np.asarray(model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), jnp.asarray(tr.C[d.end], dt),
+    lm = np.asarray(model_loss_per_seq(ctx.loss, first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt),
                                         jnp.asarray(tr.a[d.end], dt)), np.float64)  # fmt: skip
     lg = np.asarray(
         d.gih.per_sequence_loss_inf() if math.isinf(a_lim) else d.gih.per_sequence_loss(jnp.asarray(a_lim, jnp.float64)),
         np.float64,
     )
     C1 = jnp.asarray(_one_hot_C(ctx, d.S), dt)
-    lm1 = np.asarray(model_loss_per_seq(ctx.loss, jnp.asarray(tr.w[d.end], dt), C1, jnp.asarray(tr.a[d.end], dt)))
+    lm1 = np.asarray(model_loss_per_seq(ctx.loss, first_layer(tr, d.end, dt), C1, jnp.asarray(tr.a[d.end], dt)))
     resid = abs(float(np.mean(lm)) - float(np.mean(lm1)))
     tol = resid + ctx.k_se * sample_se(lm - lg)
     meas = float(tr.loss[d.end])

@@ -259,6 +259,22 @@ class Params(eqx.Module):
         """A copy with the blocks in `new` replaced (the others kept)."""
         return Params.from_blocks({**self.blocks(), **new})
 
+    @property
+    def first_layer(self):
+        """θ without C and a: ``w`` for the paper's model, else the dict of w and the extra blocks
+        (:meth:`assemble` is its inverse)."""
+        if not self.x:
+            return self.w
+        return {"w": self.w, **self.x}
+
+    @staticmethod
+    def assemble(first, C, a) -> Params:
+        """θ from the first layer `first` (the paper's w, or a dict of every block but C and a:
+        w and a member's extra blocks, as :meth:`gflow.Trajectory.first_layer` gives), C and a."""
+        if isinstance(first, dict):
+            return Params.from_blocks({**first, "C": C, "a": a})
+        return Params(w=first, C=C, a=a)
+
     @staticmethod
     def from_blocks(blocks: dict) -> Params:
         """θ from a dictionary of every block by name."""

@@ -184,7 +184,7 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
         raise ValueError(f"sde.sigma_sample = {sc.sigma_sample} must be <= the sample's N = {loss.N} (0: all of it)")
     M = sc.sigma_sample or loss.N
     sig_loss = loss if M == loss.N else eqx.tree_at(lambda m: m.feats, loss, jax.tree.map(lambda x: x[:M], loss.feats))
-    p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, dtype=dtype)
+    p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=dtype)
     y0, unravel = ravel_pytree(p0)
     s = cfg.schedule
     lam = ravel_pytree(Params(w=jnp.full_like(p0.w, s.eta_w), C=jnp.full_like(p0.C, s.eta_C),

@@ -251,7 +251,7 @@ def _sgd_runner(cfg: Config, sc: SGDConfig, loss: PopulationLoss | None = None, 
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     stepper = _make_stepper(cfg, sc, loss)
-    p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, dtype=dtype)
+    p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=dtype)
     P = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (sc.seeds,) + jnp.shape(x)), p0)
     base = jax.random.key(sc.seed)
     keys = jax.vmap(lambda r: jax.random.fold_in(base, r))(jnp.arange(sc.seeds))

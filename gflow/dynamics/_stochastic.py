@@ -155,7 +155,7 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs)
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     if params0 is None:
-        params0 = init_params(cfg.model, cfg.init, dtype=cfg.estimator.jdtype)
+        params0 = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=cfg.estimator.jdtype)
     if verbose:
         what = (f"{sc.steps} steps of η = {sc.eta:g}, batch {sc.batch} ({sc.sampling})" if method == "sgd"
                 else f"Euler–Maruyama to t = {sc.t1:g} with dt = {sc.step:g}, η = {sc.eta:g}, B = {sc.batch}")

@@ -299,7 +299,7 @@ def _integrate_batch_locked(cfgs, outs, resume, verbose):
             check_resumable(saved[r], c)
     params0 = None
     if len(saved) < len(cfgs):
-        params0 = init_params(cfg.model, cfg.init, dtype=cfg.estimator.jdtype)
+        params0 = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=cfg.estimator.jdtype)
         check_params(params0, cfg)
     loss_b = _stack([make_loss(c.data, c.model, c.estimator) for c in cfgs])
     _begin(runs, saved, params0, loss_b)

@@ -215,7 +215,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     loss = cache.loss[lk]
     cache.loss.move_to_end(lk)
 
-    params = init_params(cfg.model, cfg.init)
+    params = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L)
     rates = stage1_rates(loss, params.w)
     J = np.asarray(rates.J)
     order = np.argsort(-J, kind="stable")

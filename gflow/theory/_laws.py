@@ -83,8 +83,8 @@ __all__ = [
 @eqx.filter_jit
 def _gain_per_sequence(loss: PopulationLoss, w, C):
     """``G_n(C) = −∂ℓ_n/∂a`` at ``a = 0`` for every sequence, ``(N,)``."""
-    zero = jnp.zeros((), w.dtype)
-    f = lambda a: loss.per_sequence(Params(w=w, C=C, a=a))
+    zero = jnp.zeros((), C.dtype)
+    f = lambda a: loss.per_sequence(Params.assemble(w, C, a))
     return -jax.jvp(f, (zero,), (jnp.ones_like(zero),))[1]
 
 
@@ -98,7 +98,7 @@ def selector_gain(loss: PopulationLoss, w, C) -> tuple[float, float]:
     computed here by forward-mode autodiff of the run's own per-sequence loss,
     so it holds for either norm and either loss.
     """
-    g = np.asarray(_gain_per_sequence(loss, jnp.asarray(w), jnp.asarray(C)), np.float64)
+    g = np.asarray(_gain_per_sequence(loss, jax.tree.map(jnp.asarray, w), jnp.asarray(C)), np.float64)
     m, se = mean_se(g)
     return float(m), float(se)
 
@@ -176,7 +176,7 @@ def stage1_rates_small_a(loss: PopulationLoss, w, C, a: float, *, rate: float = 
     C = np.asarray(C, np.float64)
     if np.any(C == 0):
         raise ValueError("stage1_rates_small_a: every C_S must be non-zero")
-    dG = np.asarray(_dG_per_sequence(loss, jnp.asarray(w), jnp.asarray(C)), np.float64)
+    dG = np.asarray(_dG_per_sequence(loss, jax.tree.map(jnp.asarray, w), jnp.asarray(C)), np.float64)
     per = 2.0 * float(a) * rate * dG / C[None, :]
     return _rates_from_per_sequence(per, loss.model.subsets, a, rate, "small_a")
 
@@ -212,8 +212,8 @@ def predict_selection(loss: PopulationLoss, w, C0, a0: float, *, rate: float = 1
     """
     if not (a0 > 0 and rate > 0):
         raise ValueError(f"predict_selection: a0 and rate must be > 0, got a0={a0!r}, rate={rate!r}")
-    w = jnp.asarray(w)
-    C0 = jnp.asarray(C0, w.dtype)
+    w = jax.tree.map(jnp.asarray, w)
+    C0 = jnp.asarray(C0, jax.tree.leaves(w)[0].dtype)
     sets = loss.model.subsets
     gain = lambda C: jnp.mean(_gain_per_sequence(loss, w, C))
     vf = lambda t, C, args: jax.grad(gain)(C)
@@ -287,7 +287,7 @@ def copier_vertex_gradient(loss: PopulationLoss, params: Params, selected, *, ga
             raise ValueError(f"copier_vertex_gradient: head {h} must be in 1..{min(H, M)}")
         w[h - 1] = 0.0
         w[h - 1, h - 1] = gap
-    p = Params(w=jnp.asarray(w, params.C.dtype), C=params.C, a=params.a)
+    p = params.with_blocks({"w": jnp.asarray(w, params.C.dtype)})
     gw = np.asarray(_dW_per_sequence(loss, p), np.float64)  # (N, H, M)
     s = np.asarray(jax.nn.softmax(jnp.asarray(w), axis=-1))
     g, g_se, att = {}, {}, {}

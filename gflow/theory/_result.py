@@ -42,6 +42,7 @@ __all__ = [
 # The value an option has when the running gflow does not know it yet (options
 # other branches add: a config without the field behaves as the paper's model).
 _OPTION_DEFAULTS: dict[str, Any] = {
+    "model.member": "paper",
     "model.norm": "sum",
     "model.head_norm": False,
     "model.windows": "aligned",
@@ -52,6 +53,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
 # The paper's model: sum-normalised selector, no per-head normalisation,
 # aligned windows (head h on offsets 1..M), the expected (Rao–Blackwellised) target.
 _PAPER_MODEL: dict[str, tuple] = {
+    "model.member": ("paper",),
     "model.norm": ("sum",),
     "model.head_norm": (False,),
     "model.windows": ("aligned",),
@@ -74,9 +76,13 @@ LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     "gih_limit": {**_PAPER_MODEL, "estimator.loss": ("log",)},
     # gflow.theory._laws (docs/theory/mathematics.md §M8.7). Stage I from the model's own G(c) = −∂L̂/∂a|_{a=0}: exact rates
     # at t = 0 and the small-a flow of a·G, autodiff of the run's own loss: any model and loss
-    "stage1_model": {},
-    # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss)
-    "stage2_vertex": {},
+    # (every member whose selector is C and whose gain at a = 0 reads it: not the bilinear second
+    # layer, whose selector is A, nor the linear classifier on the query, whose loss at W = 0
+    # does not depend on C)
+    "stage1_model": {"model.member": ("paper", "token", "value", "full", "absolute", "residual", "linear_output")},
+    # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss
+    # in w: the members whose copier is the paper's softmax(w) on aligned windows)
+    "stage2_vertex": {"model.member": ("paper", "value", "residual", "linear_query", "linear_output", "bilinear")},
     # the GIH's tail K = lim e^a F(a) and the approach L̂ − L∞ ~ 1/(η_a λ² τ) when a* = ∞
     "gih_tail": {**_PAPER_MODEL, "estimator.loss": ("ce_on_probs",)},
 }
@@ -97,6 +103,9 @@ def covers(law_coverage: Mapping[str, tuple], cfg) -> tuple[bool, str]:
         section = getattr(cfg, sec, None)
         value = getattr(section, opt, _OPTION_DEFAULTS.get(key)) if section is not None else _OPTION_DEFAULTS.get(key)
         if value not in tuple(allowed):
+            if key == "model.member":
+                return False, (f"no law for this model: model.member = {value!r} (the law was derived for "
+                               f"model.member ∈ {tuple(allowed)!r})")  # fmt: skip
             return False, f"{key} = {value!r}: the law was derived for {key} ∈ {tuple(allowed)!r}"
     return True, ""
 

@@ -201,10 +201,10 @@ def modified_chi2_ranking(
 def _per_sequence_dloss_da(loss: PopulationLoss, w, Cs):
     """``(∂ℓ_n/∂a at a = 0)`` for every sequence n and every row of ``Cs``: ``(nS, N)``;
     and the per-sequence loss at ``a = 0``."""
-    zero = jnp.zeros((), w.dtype)
+    zero = jnp.zeros((), Cs.dtype)
 
     def one(C):
-        f = lambda a: loss.per_sequence(Params(w=w, C=C, a=a))
+        f = lambda a: loss.per_sequence(Params.assemble(w, C, a))
         return jax.jvp(f, (zero,), (jnp.ones_like(zero),))
 
     # one set at a time: memory stays that of one loss evaluation
@@ -241,8 +241,8 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
         if S not in all_sets:
             raise ValueError(f"stage1_rates: set {S} is not in the model's 𝒮 = {all_sets}")
         idx.append(all_sets.index(S))
-    w = jnp.asarray(w, loss.eps.dtype)
-    Cs = jnp.eye(len(all_sets), dtype=w.dtype)[np.array(idx)]
+    w = jax.tree.map(lambda v: jnp.asarray(v, loss.eps.dtype), w)
+    Cs = jnp.eye(len(all_sets), dtype=loss.eps.dtype)[np.array(idx)]
     l0, ds = _per_sequence_dloss_da(loss, w, Cs)
     per = -np.asarray(ds, np.float64).T  # (N, nS)
     J, Jse = mean_se(per)

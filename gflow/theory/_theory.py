@@ -43,6 +43,7 @@ from ..core import (
     init_params,
     kernel_conditional,
     make_loss,
+    member_of,
     subset_label,
 )
 from ._gih import GIH, StageIIILaw, check_offsets, gih_counts, limit_loss, make_gih, stage3_law
@@ -170,13 +171,17 @@ def theory_report(
     estimator_cfg = EstimatorConfig() if estimator_cfg is None else estimator_cfg
     init_cfg = InitConfig() if init_cfg is None else init_cfg
     sets = model_cfg.subsets
-    rank = modified_chi2_ranking(data_cfg, sets, n_pi=n_pi, key=jax.random.key(pi_seed))
+    member = member_of(model_cfg)
+    # Ĩ ranks sets of offsets: a member's sets through the offsets they read with one-hot copiers
+    # (the token component of the residual stream reads offset 1; a set of no parents counts as ∅)
+    rank_sets = tuple(dict.fromkeys(member.set_offsets(S) or () for S in sets))
+    rank = modified_chi2_ranking(data_cfg, rank_sets, n_pi=n_pi, key=jax.random.key(pi_seed))
     t1 = time.perf_counter()
 
     if loss is None:
         loss = make_loss(data_cfg, model_cfg, estimator_cfg)
-    params = init_params(model_cfg, init_cfg)
-    rates = stage1_rates(loss, params.w)
+    params = init_params(model_cfg, init_cfg, d=data_cfg.d, L=data_cfg.L)
+    rates = stage1_rates(loss, params.first_layer)
     if not np.all(np.isfinite(rates.J)):
         why = ("estimator.eps = 0 with a target token absent from some context (ŷ = 0, an infinite loss): set "
                "estimator.eps > 0" if float(estimator_cfg.eps) == 0 and estimator_cfg.loss == "log" else
@@ -188,9 +193,10 @@ def theory_report(
     duration = predicted_stage1_duration(rates.J, C0**2, a0, delta, eta_C=eta_C, sets=sets)
     t2 = time.perf_counter()
 
-    want = [rank.S_star, sets[int(np.argmax(rates.J))]]
+    want = [rank.S_star, member.set_offsets(sets[int(np.argmax(rates.J))])]
     if S is not None:
-        want.append(check_offsets(S, model_cfg.M))
+        want.append(member.set_offsets(tuple(S)) if tuple(S) in sets else check_offsets(S, model_cfg.M))
+    want = [S_ for S_ in want if S_ is not None]
     laws = {}
     for S_ in want:
         if S_ not in laws:
