@@ -11,19 +11,32 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+from .core import AbsoluteModel as AbsoluteModel
+from .core import AbstractModel as AbstractModel
+from .core import AbstractWindowModel as AbstractWindowModel
+from .core import BilinearModel as BilinearModel
 from .core import DataConfig as DataConfig
 from .core import EstimatorConfig as EstimatorConfig
+from .core import FullModel as FullModel
 from .core import InitConfig as InitConfig
+from .core import LinearOutputModel as LinearOutputModel
+from .core import LinearQueryModel as LinearQueryModel
 from .core import LossStats as LossStats
 from .core import ModelConfig as ModelConfig
+from .core import PaperModel as PaperModel
 from .core import Params as Params
 from .core import PopulationLoss as PopulationLoss
+from .core import ResidualModel as ResidualModel
 from .core import Sample as Sample
+from .core import TokenModel as TokenModel
+from .core import ValueModel as ValueModel
 from .core import init_params as init_params
 from .core import make_loss as make_loss
+from .core import member_of as member_of
 from .core import sample as sample
 from .core import stationary_window as stationary_window
 from .core import subsets as subsets
+from .core import toeplitz_defect as toeplitz_defect
 from .core import window_law as window_law
 
 try:

@@ -11,8 +11,7 @@ import pytest
 from scipy.special import roots_jacobi
 
 import gflow
-from gflow.core._loss import sequence_loss
-from gflow.core._model import CountFeatures
+from gflow.core import CountFeatures, sequence_loss
 from gflow.theory._ladder import bayes_counts, bayes_predictive, format_ladder, loss_ladder
 
 

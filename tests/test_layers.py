@@ -247,6 +247,8 @@ integrate integrate_batch load load_config loss_ladder make_loss merge_shards pl
 run_replicates run_sweep sample sde sgd stationary_window subsets theory_report window_law Config
 StageIIILaw ChiSquaredRanking StageIRates Stage1Duration Ladder StageRecord RunFolderError Row EvalResult
 SweepResult PhaseResult Replicates __version__
+member_of AbstractModel AbstractWindowModel PaperModel TokenModel ValueModel FullModel AbsoluteModel
+ResidualModel LinearQueryModel LinearOutputModel BilinearModel toeplitz_defect
 """.split()
 
 

@@ -85,7 +85,7 @@ def test_unknown_member_and_foreign_options_name_the_key():
         ModelConfig(token_form="factorised")
     with pytest.raises(ValueError, match=r"model.layernorm = True is an option of model.member in \('value',\)"):
         ModelConfig(member="full", layernorm=True)
-    with pytest.raises(ValueError, match=r"model.D must be an integer in \[0, 4\] for model.member = 'residual'"):
+    with pytest.raises(ValueError, match=r"model.D must be an integer in \[0, H\+1=4 for model.member = 'residual'\]"):
         ModelConfig(member="residual", D=5)
     with pytest.raises(ValueError, match=r"estimator.layout must be one of \('auto', 'positions'\) for model.member = 'absolute'"):
         make_loss(DATA, ModelConfig(member="absolute"), EstimatorConfig(N=8, layout="counts"))

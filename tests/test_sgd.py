@@ -209,13 +209,12 @@ def test_fresh_sampler_kernels_are_dirichlet(alpha):
 
 
 def test_fresh_count_features_equal_the_loss_features():
-    """The flat count features of SGD's fresh batches are exactly :func:`gflow.core._model.features`
+    """The flat count features of SGD's fresh batches are exactly :func:`gflow.core.features`
     (layout "counts"), for aligned and shifted windows."""
     import jax
 
-    from gflow.core import count_features_flat
+    from gflow.core import ModelConfig, count_features_flat, features
     from gflow.core._data import DataConfig, sample_fast
-    from gflow.core._model import ModelConfig, features
 
     s = sample_fast(DataConfig(d=3, L=30), 50, jax.random.key(0))
     for model in (ModelConfig(), ModelConfig(M=2, H=2, windows="shifted")):
@@ -235,9 +234,8 @@ def test_fresh_batch_features_are_each_seeds_sample(est):
     import jax
     import jax.numpy as jnp
 
+    from gflow.core import features, resolve_layout
     from gflow.core._data import sample_fast, sample_fast_time_major
-    from gflow.core._loss import resolve_layout
-    from gflow.core._model import features
     from gflow.dynamics._sgd import _fresh_features
 
     cfg = CFG.replace(data={"L": 20}, estimator=est)

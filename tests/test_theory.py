@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from gflow.config import Config
+from gflow.core import EstimatorConfig, InitConfig, ModelConfig, Params, features, init_params, make_loss
 from gflow.core._data import DataConfig, sample
-from gflow.core._loss import EstimatorConfig, make_loss
-from gflow.core._model import InitConfig, ModelConfig, Params, features, init_params
 from gflow.theory._theory import (
     LAW_COVERAGE,
     Theory,

@@ -34,8 +34,17 @@ from ._loss import make_loss as make_loss
 from ._loss import mean_se as mean_se
 from ._loss import relabel_sample as relabel_sample
 from ._loss import resolve_layout as resolve_layout
+from ._member_absolute import AbsoluteModel as AbsoluteModel
+from ._member_absolute import toeplitz_defect as toeplitz_defect
+from ._member_bilinear import BilinearModel as BilinearModel
+from ._member_full import FullModel as FullModel
+from ._member_linear_output import LinearOutputModel as LinearOutputModel
+from ._member_linear_query import LinearQueryModel as LinearQueryModel
 from ._member_paper import PaperModel as PaperModel
 from ._member_paper import sparse_table_size as sparse_table_size
+from ._member_residual import ResidualModel as ResidualModel
+from ._member_token import TokenModel as TokenModel
+from ._member_value import ValueModel as ValueModel
 from ._members import member_of as member_of
 from ._model import BLOCKS as BLOCKS
 from ._model import InitConfig as InitConfig

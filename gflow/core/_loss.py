@@ -132,7 +132,7 @@ def resolve_layout(layout: str, d: int, model) -> str:
     :class:`~gflow.core.ModelConfig`, or for the paper's model its span as an integer).
     ``"auto"`` is the member's own choice; for the paper's model ``"counts"`` when
     ``(d+1)**span <= 512`` (``span``: every offset the copier reads), else ``"sparse"`` when
-    its κ table has at most ``2**20`` entries (:func:`sparse_table_size`: 88,452 for d = 3 and
+    its κ table has at most ``2**20`` entries (:func:`gflow.core.sparse_table_size`: 88,452 for d = 3 and
     the official code's span 5), else ``"positions"``. A layout the member does not compute
     in is a ``ValueError`` naming the allowed ones."""
     if layout not in _LAYOUTS:
@@ -351,7 +351,7 @@ def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
     """``π(·|z_q)`` of every sequence of the sample :func:`make_loss` draws, when the
     loss's target is not it (``estimator.target = "drawn"``: the target is the drawn
     token ``e(y)``), else ``None``. The sample is drawn again from the same key, so it is
-    the very sample of the loss. The loss ladder's oracle (``gflow.theory.ladder``) predicts
+    the very sample of the loss. The loss ladder's oracle ([`gflow.loss_ladder`][gflow.loss_ladder]) predicts
     with it."""
     if estimator.target != "drawn":
         return None

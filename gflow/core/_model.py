@@ -125,8 +125,8 @@ class ModelConfig(eqx.Module):
         cls = MEMBERS[self.member]
         dmax = self.H + (1 if cls.token_component else 0)
         if not isinstance(self.D, (int, np.integer)) or not 0 <= self.D <= dmax:
-            raise ValueError(f"model.D must be an integer in [0, {dmax}] for model.member = {self.member!r} "
-                             f"(H = {self.H}), got {self.D!r}")  # fmt: skip
+            where = f"H={self.H}" if dmax == self.H else f"H+1={dmax} for model.member = {self.member!r}"
+            raise ValueError(f"model.D must be an integer in [0, {where}], got {self.D!r}")
         if self.norm not in _NORMS:
             raise ValueError(f"model.norm must be one of {_NORMS}, got {self.norm!r}")
         if self.head_norm is not True and self.head_norm is not False:

@@ -120,7 +120,7 @@ def head_products(tab: Float[Array, "H K1 K1"], hk: Int[Array, "L H"], hq: Int[A
 # ``(x_{q-1}, …, x_{q-M})`` and key l's window ``(x_{l-1}, …, x_{l-M})``, with
 # symbol ``d`` standing for padding. So κ is a θ-dependent table over pairs of
 # windows, and the sample enters only through which windows occur with which
-# next token (the counts in :class:`CountFeatures`). Exact, and independent of
+# next token (the counts in :class:`gflow.core.CountFeatures`). Exact, and independent of
 # L: ``(d+1)**M`` windows per side.
 
 
@@ -397,7 +397,7 @@ def predict_from_kappa(a, kap: Float[Array, " L"], X: Int[Array, " L"], d: int) 
 def predict_from_counts(a, row: Float[Array, " K"], counts: Float[Array, "d K"]) -> Float[Array, " d"]:
     """Attention layer 2 on window counts: ``ŷ_e = Σ_k e^{a κ_k} n_{e,k} / Σ_k e^{a κ_k} n_k``,
     with ``row[k] = κ(query window, window k)`` and ``counts[e, k] = n_{e,k}``
-    (see :class:`CountFeatures`); the same ``ŷ`` as :func:`predict_from_kappa`,
+    (see :class:`gflow.core.CountFeatures`); the same ``ŷ`` as :func:`predict_from_kappa`,
     grouped by key window."""
     E, n = window_weights(a, row, counts)
     # Elementwise products reduced over the windows (the last axis): under

@@ -23,11 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import Params, PopulationLoss, StageLoss, make_loss
+from ..core import Params, PopulationLoss, StageLoss, make_loss, member_of
 from ..trajectory import Trajectory
 from ._solve import VectorField, block_scales, modified_eta, ode_method
 
-_MOVES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
 _CHUNK = 16  # times per solve (padded): one compiled shape per stage
 
 
@@ -74,7 +73,8 @@ class DenseSolution:
 
     def evaluate(self, t) -> dict[str, np.ndarray]:
         """θ at the times `t` (a number or an array, each in ``[0, ts[-1]]``):
-        ``{"w": (n, H, M), "C": (n, |𝒮|), "a": (n,)}`` for ``n`` times (squeezed for a number).
+        ``{"w": (n, H, M), "C": (n, |𝒮|), "a": (n,)}`` (and a member's extra blocks) for ``n``
+        times (squeezed for a number).
         A saved time returns its saved state exactly."""
         t_arr = np.atleast_1d(np.asarray(t, np.float64))
         if t_arr.ndim != 1 or np.any(~np.isfinite(t_arr)) or np.any(t_arr < 0) or np.any(t_arr > self.t_end):
@@ -82,25 +82,25 @@ class DenseSolution:
                              f"{t_arr.min() if t_arr.size else t!r}…{t_arr.max() if t_arr.size else t!r}")  # fmt: skip
         tr, cfg = self.traj, self.traj.config
         dtype = cfg.estimator.jdtype
-        out = {"w": np.empty((t_arr.size, *tr.w.shape[1:])), "C": np.empty((t_arr.size, *tr.C.shape[1:])),
-               "a": np.empty(t_arr.size)}  # fmt: skip
+        state = tr.state(0)  # every block, a member's extra blocks included
+        out = {b: np.empty((t_arr.size, *np.shape(v))) for b, v in state.items()}
         groups: dict[tuple[str, int], list[int]] = {}
         for k, x in enumerate(t_arr):
             i = int(np.searchsorted(tr.ts, x, side="right")) - 1  # the last saved time <= x
             if tr.ts[i] == x:
                 for b in out:
-                    out[b][k] = getattr(tr, b)[i]
+                    out[b][k] = tr.state(i)[b]
                 continue
             rec = self._stage_at(float(x))
             i = max(i, int(np.searchsorted(tr.ts, rec.t0 * (1 - 1e-15))))  # never before the stage's start
             groups.setdefault((rec.name, i), []).append(k)
         sc = cfg.solver
         for (name, i), ks in groups.items():
-            moves = _MOVES[name]
-            y = Params(w=jnp.asarray(tr.w[i], dtype), C=jnp.asarray(tr.C[i], dtype), a=jnp.asarray(tr.a[i], dtype))
+            moves = member_of(cfg.model).stage_moves[name]
+            y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in tr.state(i).items()})
             vf = VectorField(stage_loss=StageLoss(self.loss, y, moves), scale=block_scales(cfg, moves, dtype),
                              eta_mod=modified_eta(cfg, name, dtype))  # fmt: skip
-            y0 = {b: getattr(y, b) for b in moves}
+            y0 = {b: y.get(b) for b in moves}
             want = t_arr[ks]
             order = np.argsort(want)
             for j in range(0, len(ks), _CHUNK):
@@ -115,7 +115,7 @@ class DenseSolution:
                 ys = jax.device_get(ys)
                 for m, k in enumerate(np.asarray(ks)[order[j : j + _CHUNK]]):
                     for b in out:
-                        out[b][k] = np.asarray(ys[b][m]) if b in moves else getattr(tr, b)[i]
+                        out[b][k] = np.asarray(ys[b][m]) if b in moves else tr.state(i)[b]
         if np.ndim(t) == 0:
             return {b: v[0] for b, v in out.items()}
         return out

@@ -33,7 +33,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ..config import Config
-from ..core import Params, PopulationLoss, init_params, make_loss
+from ..core import Params, PopulationLoss, init_params, make_loss, member_of
 from ._sgd import SGDRun, save_steps
 
 
@@ -187,8 +187,8 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     p0 = params0 if params0 is not None else init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=dtype)
     y0, unravel = ravel_pytree(p0)
     s = cfg.schedule
-    lam = ravel_pytree(Params(w=jnp.full_like(p0.w, s.eta_w), C=jnp.full_like(p0.C, s.eta_C),
-                              a=jnp.full_like(p0.a, s.eta_a)))[0]  # fmt: skip
+    eta, group = {"w": s.eta_w, "C": s.eta_C, "a": s.eta_a}, member_of(cfg.model).block_group
+    lam = ravel_pytree(Params.from_blocks({b: jnp.full_like(v, eta[group(b)]) for b, v in p0.blocks().items()}))[0]
     terms = _Terms(loss=loss, sig_loss=sig_loss, lam=lam, unravel=unravel, noise=jnp.asarray(sc.noise * math.sqrt(sc.eta / sc.batch), dtype))
     dt = sc.step
     K = max(1, math.ceil(sc.t1 / dt - 1e-9))
@@ -205,4 +205,4 @@ def sde(config: Config, sde: SDEConfig | None = None, *, loss: PopulationLoss | 
     losses = np.asarray(jax.lax.map(loss, P)).reshape(sc.seeds, len(ks))
     P = jax.tree.map(lambda x: np.asarray(x).reshape((sc.seeds, len(ks)) + x.shape[1:]), P)
     return SGDRun(ts=np.asarray(ts), steps=ks, w=P.w, C=P.C, a=P.a, loss=losses, config=cfg, sgd=sc,
-                  wall=time.perf_counter() - t_wall)  # fmt: skip
+                  wall=time.perf_counter() - t_wall, x=dict(P.x))  # fmt: skip

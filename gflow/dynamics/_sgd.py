@@ -53,6 +53,7 @@ from ..core import (
     features_time_major,
     init_params,
     make_loss,
+    member_of,
     resolve_layout,
     sample_fast_time_major,
 )
@@ -116,16 +117,19 @@ class SGDRun:
     config: Config
     sgd: SGDConfig
     wall: float
+    x: dict = dataclasses.field(default_factory=dict)  # a member's extra blocks, (R, T, ...) each
 
     @property
     def c_frac(self) -> np.ndarray:
-        c = self.C**2
-        return c / c.sum(-1, keepdims=True)
+        return np.asarray(member_of(self.config.model).shares({"C": self.C, **self.x}))
 
 
-def _scale(cfg: Config, dtype) -> Params:
+def _scale(cfg: Config, dtype, like: Params) -> Params:
+    """Λ as a θ of scalars: every block's time scale (its group's η, as the flow's)."""
     s = cfg.schedule
-    return Params(w=jnp.asarray(s.eta_w, dtype), C=jnp.asarray(s.eta_C, dtype), a=jnp.asarray(s.eta_a, dtype))
+    eta = {"w": s.eta_w, "C": s.eta_C, "a": s.eta_a}
+    group = member_of(cfg.model).block_group
+    return Params.from_blocks({b: jnp.asarray(eta[group(b)], dtype) for b in like.names})
 
 
 def _fresh_features(cfg: Config, keys, B: int):
@@ -212,7 +216,8 @@ def _advance(stepper: _Stepper, P: Params, keys, k0, k1):
 
 def _make_stepper(cfg: Config, sc: SGDConfig, loss: PopulationLoss) -> _Stepper:
     D = jax.device_count() if sc.shard != "none" else 1
-    return _Stepper(loss=loss, scale=_scale(cfg, cfg.estimator.jdtype), cfg=cfg, sc=sc, devices=D)
+    like = jax.eval_shape(lambda: init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L))
+    return _Stepper(loss=loss, scale=_scale(cfg, cfg.estimator.jdtype, like), cfg=cfg, sc=sc, devices=D)
 
 
 @eqx.filter_jit
@@ -335,4 +340,5 @@ def sgd(config: Config, sgd: SGDConfig | None = None, *, loss: PopulationLoss | 
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), S)
     losses = np.asarray(_losses(loss, jax.tree.map(jnp.asarray, flat))).reshape(sc.seeds, len(ks))
     return SGDRun(ts=ks * sc.eta, steps=ks, w=np.asarray(S.w), C=np.asarray(S.C), a=np.asarray(S.a), loss=losses,
-                  config=cfg, sgd=sc, wall=time.perf_counter() - t_wall)  # fmt: skip
+                  config=cfg, sgd=sc, wall=time.perf_counter() - t_wall,
+                  x={b: np.asarray(v) for b, v in S.x.items()})  # fmt: skip

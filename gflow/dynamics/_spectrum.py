@@ -55,16 +55,28 @@ from ..core import (
     PopulationLoss,
     flatten,
     has_table,
+    init_params,
     make_loss,
+    member_of,
     subset_label,
-    subsets,
     table_hessian,
     unflatten,
 )
 
 _BLOCKS = ("w", "C", "a")
 _STAGE_OF_CODE = {v: k for k, v in STAGE_CODES.items()}
-_MOVES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": _BLOCKS}
+_STAGES = ("I", "II", "III", "joint")
+
+
+def _shapes(cfg: Config) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Every block of θ of the configured member with its shape, in flat θ's order (w, C, a,
+    then the extra blocks sorted by name; ``gflow.core.flatten``)."""
+    p = jax.eval_shape(lambda: init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L))
+    return tuple((b, tuple(p.get(b).shape)) for b in p.names)
+
+
+def _like(shapes):
+    return Params.from_blocks({b: jnp.zeros(sh) for b, sh in shapes})
 
 
 # ---------------------------------------------------------------------------
@@ -72,30 +84,42 @@ _MOVES = {"I": ("C",), "II": ("w",), "III": ("a",), "joint": _BLOCKS}
 # ---------------------------------------------------------------------------
 
 
-def coordinate_blocks(H: int, M: int, nS: int) -> np.ndarray:
-    """The block (``"w"``, ``"C"`` or ``"a"``) of every coordinate of the flat θ
-    (``w`` row-major, then ``C``, then ``a``)."""
-    return np.array(["w"] * (H * M) + ["C"] * nS + ["a"])
+def coordinate_blocks(H: int, M: int, nS: int, extra=()) -> np.ndarray:
+    """The block (``"w"``, ``"C"``, ``"a"`` or an extra block's name) of every coordinate of the
+    flat θ (``w`` row-major, then ``C``, then ``a``, then the extra blocks ``(name, shape)`` of
+    `extra` in order)."""
+    out = ["w"] * (H * M) + ["C"] * nS + ["a"]
+    for b, sh in extra:
+        out += [b] * int(np.prod(sh))
+    return np.array(out)
 
 
 def coordinate_labels(cfg: Config) -> list[str]:
     """A label for every coordinate of the flat θ: ``w[h,i]`` (head h, RPE index i,
-    both from 1), ``C{1,2}`` / ``C∅``, ``a``."""
+    both from 1), ``C{1,2}`` / ``C∅``, ``a``, and a member's extra blocks as ``B[h,i,j]``
+    (indices from 1)."""
     m = cfg.model
     w = [f"w[{h},{i}]" for h in range(1, m.H + 1) for i in range(1, m.M + 1)]
-    return w + ["C" + subset_label(S) for S in subsets(m.H, m.D)] + ["a"]
+    out = w + ["C" + subset_label(S) for S in m.subsets] + ["a"]
+    for b, sh in _shapes(cfg)[3:]:
+        out += [f"{b}[{','.join(str(i + 1) for i in ix)}]" for ix in np.ndindex(*sh)]
+    return out
 
 
 def step_scales(cfg: Config, stage: str) -> np.ndarray:
     """The diagonal of Λ (flat θ's order) for a state saved in `stage` (``"I"``,
-    ``"II"``, ``"III"`` or ``"joint"``); see the module docstring."""
-    m, sc = cfg.model, cfg.schedule
+    ``"II"``, ``"III"`` or ``"joint"``): the time scale of each block's group where the
+    stage trains the block (the member's ``stage_moves``), 0 elsewhere; see the module
+    docstring."""
+    sc = cfg.schedule
     eta = {"w": sc.eta_w, "C": sc.eta_C, "a": sc.eta_a}
-    if stage not in _MOVES:
-        raise ValueError(f"stage must be one of {tuple(_MOVES)}, got {stage!r}")
-    moves = _MOVES[stage]
-    blocks = coordinate_blocks(m.H, m.M, len(m.subsets))
-    return np.array([eta[b] if b in moves else 0.0 for b in blocks], np.float64)
+    if stage not in _STAGES:
+        raise ValueError(f"stage must be one of {_STAGES}, got {stage!r}")
+    member = member_of(cfg.model)
+    moves = member.stage_moves[stage]
+    m = cfg.model
+    blocks = coordinate_blocks(m.H, m.M, len(m.subsets), _shapes(cfg)[3:])
+    return np.array([eta[member.block_group(b)] if b in moves else 0.0 for b in blocks], np.float64)
 
 
 # ---------------------------------------------------------------------------
@@ -103,14 +127,16 @@ def step_scales(cfg: Config, stage: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _sym_block(loss_fn, theta, root_scale_m, cols, H, M):
-    """``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ (the moving coordinates `cols`)."""
+def _sym_block(loss_fn, theta, root_scale_m, cols, H, M, shapes=None):
+    """``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ (the moving coordinates `cols`; `shapes`: a
+    member's blocks, ``_shapes``, ``None`` for the paper's θ)."""
     c = jnp.asarray(cols)
+    like = None if shapes is None else _like(shapes)
     if has_table(loss_fn):  # the counts and sparse layouts: the whole Hessian by the κ table's structure
-        S = table_hessian(loss_fn, unflatten(theta, H, M))[c[:, None], c[None, :]]
+        S = table_hessian(loss_fn, unflatten(theta, H, M, like=like))[c[:, None], c[None, :]]
         S = S * root_scale_m[:, None] * root_scale_m[None, :]
         return 0.5 * (S + S.T)
-    f = lambda x: loss_fn(unflatten(x, H, M))  # noqa: E731
+    f = lambda x: loss_fn(unflatten(x, H, M, like=like))  # noqa: E731
     grad = jax.grad(f)
     P = theta.shape[0]
     E = jnp.zeros((len(cols), P), theta.dtype).at[jnp.arange(len(cols)), c].set(root_scale_m)
@@ -120,12 +146,12 @@ def _sym_block(loss_fn, theta, root_scale_m, cols, H, M):
 
 
 @eqx.filter_jit
-def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int):
-    return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M))(thetas)
+def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, shapes=None):
+    return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M, shapes))(thetas)
 
 
 def _map_blocks(
-    loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int
+    loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int, shapes=None
 ) -> np.ndarray:
     """:func:`_sym_block` of every flat θ in `thetas`, `batch` at a time: one compiled
     shape ``(batch, P)`` whatever the number of states (the last chunk is padded)."""
@@ -136,7 +162,7 @@ def _map_blocks(
         m = chunk.shape[0]
         if m < batch:
             chunk = jnp.concatenate([chunk, jnp.repeat(chunk[-1:], batch - m, axis=0)])
-        out.append(np.asarray(jax.device_get(_blocks_jit(loss_fn, chunk, root_scale_m, cols, H, M)))[:m])
+        out.append(np.asarray(jax.device_get(_blocks_jit(loss_fn, chunk, root_scale_m, cols, H, M, shapes)))[:m])
     return np.concatenate(out)
 
 
@@ -158,7 +184,8 @@ def loss_hessian(loss: Callable[[Params], jax.Array], params: Params, scales=Non
     if cols:
         H, M = params.w.shape
         rs = jnp.asarray(np.sqrt(s[list(cols)]), theta.dtype)
-        blk = np.asarray(_map_blocks(loss, theta[None], rs, cols, H, M, 1)[0], np.float64)
+        shapes = None if not params.x else tuple((b, tuple(np.shape(params.get(b)))) for b in params.names)
+        blk = np.asarray(_map_blocks(loss, theta[None], rs, cols, H, M, 1, shapes)[0], np.float64)
         out[np.ix_(cols, cols)] = blk
     return out
 
@@ -240,17 +267,23 @@ class Spectrum:
         return float(self.ts[k]), str(self.stage[k])
 
     @property
+    def block_names(self) -> tuple[str, ...]:
+        """The blocks of θ in flat θ's order (w, C, a, then a member's extra blocks)."""
+        return tuple(dict.fromkeys(str(b) for b in self.blocks))
+
+    @property
     def block_weights(self) -> np.ndarray | None:
-        """``(*R, T, k, 3)``: the share of each top eigenvector's squared norm in w, C and a."""
+        """``(*R, T, k, nb)``: the share of each top eigenvector's squared norm in each block
+        (:attr:`gflow.Spectrum.block_names`: w, C and a for the paper's model)."""
         if self.vectors is None:
             return None
-        return np.stack([np.sum(self.vectors[..., self.blocks == b] ** 2, axis=-1) for b in _BLOCKS], axis=-1)
+        return np.stack([np.sum(self.vectors[..., self.blocks == b] ** 2, axis=-1) for b in self.block_names], axis=-1)
 
     @property
     def top_block(self) -> np.ndarray | None:
-        """``(*R, T, k)``: the block (``"w"``, ``"C"``, ``"a"``) holding most of each top eigenvector."""
+        """``(*R, T, k)``: the block (``"w"``, ``"C"``, ``"a"``, …) holding most of each top eigenvector."""
         bw = self.block_weights
-        return None if bw is None else np.array(_BLOCKS)[np.argmax(bw, axis=-1)]
+        return None if bw is None else np.array(self.block_names)[np.argmax(bw, axis=-1)]
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain arrays (for ``np.savez``); :meth:`from_arrays` reads them back."""
@@ -328,12 +361,19 @@ def hessian_spectrum(
     cfg = traj.config if cfg is None else cfg
     m = cfg.model
     H, M, nS = m.H, m.M, len(m.subsets)
-    P = H * M + nS + 1
+    shapes = _shapes(cfg)
+    extra = shapes[3:]
+    P = H * M + nS + 1 + sum(int(np.prod(sh)) for _, sh in extra)
     w, C, a = (np.asarray(getattr(traj, b)) for b in _BLOCKS)
+    xs = getattr(traj, "x", {}) or {}
     lead = a.shape  # (*R, T)
     if w.shape != lead + (H, M) or C.shape != lead + (nS,) or len(lead) < 1:
         raise ValueError(f"traj's states do not fit the model (H = {H}, M = {M}, |𝒮| = {nS}): "
                          f"w {w.shape}, C {C.shape}, a {a.shape}")  # fmt: skip
+    for b, sh in extra:
+        if b not in xs or np.shape(xs[b]) != lead + sh:
+            raise ValueError(f"traj's states do not fit model.member = {m.member!r}: its block {b!r} of shape "
+                             f"{sh} per state is {'missing' if b not in xs else np.shape(xs[b])}")  # fmt: skip
     T = lead[-1]
     if not isinstance(vectors, (int, np.integer)) or isinstance(vectors, bool) or not 0 <= vectors <= P:
         raise ValueError(f"vectors must be an integer in [0, {P}] (dim θ), got {vectors!r}")
@@ -355,7 +395,8 @@ def hessian_spectrum(
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     dtype = cfg.estimator.jdtype
-    flat = np.concatenate([w.reshape(lead + (H * M,)), C, a[..., None]], axis=-1)  # (*R, T, P)
+    parts = [w.reshape(lead + (H * M,)), C, a[..., None]] + [np.asarray(xs[b]).reshape(lead + (-1,)) for b, _ in extra]
+    flat = np.concatenate(parts, axis=-1)  # (*R, T, P)
     flat = np.moveaxis(flat, len(lead) - 1, 0)[rows]  # (T', *R, P)
     nR = int(np.prod(lead[:-1], dtype=int))
     eig = np.zeros((len(rows), nR, P))
@@ -370,7 +411,7 @@ def hessian_spectrum(
             continue
         rs = jnp.asarray(np.sqrt(s[list(cols)]), dtype)
         th = jnp.asarray(flat[sel].reshape(-1, P), dtype)
-        blocks = np.asarray(_map_blocks(loss, th, rs, cols, H, M, batch), np.float64)
+        blocks = np.asarray(_map_blocks(loss, th, rs, cols, H, M, batch, shapes if extra else None), np.float64)
         lam, U = np.linalg.eigh(blocks)  # ascending
         full = np.zeros((len(th), P))
         full[:, : len(cols)] = lam[:, ::-1]
@@ -388,4 +429,4 @@ def hessian_spectrum(
     ts = np.asarray(traj.ts)
     ts = ts[..., rows] if ts.shape[-1:] == (T,) else ts
     return Spectrum(ts=ts, index=rows, stage=stage, eigvals=eig, scales=scales, labels=coordinate_labels(cfg),
-                    blocks=coordinate_blocks(H, M, nS), vectors=vec, eta=_run_eta(cfg))  # fmt: skip
+                    blocks=coordinate_blocks(H, M, nS, extra), vectors=vec, eta=_run_eta(cfg))  # fmt: skip

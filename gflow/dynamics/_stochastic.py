@@ -35,7 +35,7 @@ import numpy as np
 
 from .._util import versions
 from ..config import Config
-from ..core import Params, PopulationLoss, init_params, make_loss
+from ..core import Params, PopulationLoss, init_params, make_loss, member_of
 from ..trajectory import SEED_ARRAYS, WRITING, StageRecord, Trajectory
 from ._flow import FlowError, check_params, run_options
 from ._sde import sde, sde_settings
@@ -74,16 +74,15 @@ def _resumed(config: Config, out, outputs=None) -> Trajectory:
     )
 
 
-def _stats(loss: PopulationLoss, w, C, a, block: int):
-    """``loss.stats`` at every state (leading axis), in blocks of `block` (one compiled shape)."""
-    n = a.shape[0]
+def _stats(loss: PopulationLoss, blocks: dict, block: int):
+    """``loss.stats`` at every state (θ's `blocks`, leading axis), in blocks of `block` (one compiled shape)."""
+    n = blocks["a"].shape[0]
     parts = []
     for i in range(0, n, block):
         sl = slice(i, i + block)
-        m = a[sl].shape[0]
+        m = blocks["a"][sl].shape[0]
         pad = lambda x: np.concatenate([x, np.repeat(x[-1:], block - m, axis=0)])  # noqa: E731
-        st = jax.device_get(stats_at(loss, Params(w=jnp.asarray(pad(w[sl])), C=jnp.asarray(pad(C[sl])),
-                                                  a=jnp.asarray(pad(a[sl])))))  # fmt: skip
+        st = jax.device_get(stats_at(loss, Params.from_blocks({b: jnp.asarray(pad(v[sl])) for b, v in blocks.items()})))
         parts.append(jax.tree.map(lambda x: np.asarray(x)[:m], st))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
@@ -92,20 +91,31 @@ def stochastic_trajectory(config: Config, run, loss: PopulationLoss, *, wall: fl
     """The :class:`Trajectory` of an :class:`~gflow.dynamics.SGDRun` (SGD's or the SDE's R seeds):
     see the module docstring."""
     R, T = run.a.shape
-    w, C, a = (np.asarray(x, np.float64).reshape((R * T,) + x.shape[2:]) for x in (run.w, run.C, run.a))
-    st = _stats(loss, w, C, a, block=min(R * T, 64))
+    xs = getattr(run, "x", {}) or {}
+    blocks = {b: np.asarray(v, np.float64).reshape((R * T,) + np.shape(v)[2:])
+              for b, v in {"w": run.w, "C": run.C, "a": run.a, **xs}.items()}  # fmt: skip
+    st = _stats(loss, blocks, block=min(R * T, 64))
+    w, C, a = blocks["w"], blocks["C"], blocks["a"]
     flat = {
         "w": w, "C": C, "a": a, "loss": st.loss, "loss_se": st.loss_se, "unseen": st.unseen,
         "grad_w": st.grad.w, "grad_C": st.grad.C, "grad_a": st.grad.a,
         "grad_se_w": st.grad_se.w, "grad_se_C": st.grad_se.C, "grad_se_a": st.grad_se.a, "grad_norm": st.grad_norm,
     }  # fmt: skip
-    per_seed = {k: np.asarray(flat[k], np.float64).reshape((R, T) + np.shape(flat[k])[1:]) for k in SEED_ARRAYS}
+    for b in xs:
+        flat.update({f"x_{b}": blocks[b], f"grad_x_{b}": st.grad.x[b], f"grad_se_x_{b}": st.grad_se.x[b]})
+    names = SEED_ARRAYS + tuple(f"{k}_{b}" for b in sorted(xs) for k in ("x", "grad_x", "grad_se_x"))
+    per_seed = {k: np.asarray(flat[k], np.float64).reshape((R, T) + np.shape(flat[k])[1:]) for k in names}
     means = {k: v.mean(axis=0) for k, v in per_seed.items()}
     steps = int(run.steps[-1])
-    rec = StageRecord(name="joint", moves=["w", "C", "a"], t0=0.0, t1=float(run.ts[-1]), ended_by="duration",
+    moves = list(member_of(config.model).stage_moves["joint"])
+    rec = StageRecord(name="joint", moves=moves, t0=0.0, t1=float(run.ts[-1]), ended_by="duration",
                       complete=True, steps=steps, nfev=steps * R, wall=float(run.wall if wall is None else wall))  # fmt: skip
-    traj = Trajectory(ts=np.asarray(run.ts, np.float64), stage=np.zeros(T, np.int32), **means, stages=[rec],
-                      config=config, status="complete", versions=versions(), wall=rec.wall, per_seed=per_seed)  # fmt: skip
+    traj = Trajectory(ts=np.asarray(run.ts, np.float64), stage=np.zeros(T, np.int32),
+                      **{k: v for k, v in means.items() if k in SEED_ARRAYS}, stages=[rec], config=config,
+                      status="complete", versions=versions(), wall=rec.wall, per_seed=per_seed)  # fmt: skip
+    for k, v in means.items():
+        if k not in SEED_ARRAYS:
+            traj.set_array(k, v)
     return traj
 
 
@@ -162,11 +172,12 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs)
         print(f"  {method}: {sc.seeds} seeds, {what}", flush=True)  # fmt: skip
     run = (sgd if method == "sgd" else sde)(cfg, sc, loss=loss, params0=params0, progress=cfg.solver.progress)
     traj = stochastic_trajectory(cfg, run, loss, wall=time.perf_counter() - t_wall)
-    bad = [r for r in range(traj.n_seeds) if not all(np.all(np.isfinite(traj.per_seed[k][r])) for k in ("w", "C", "a"))]
+    theta = ("w", "C", "a") + tuple(f"x_{b}" for b in traj.x)
+    bad = [r for r in range(traj.n_seeds) if not all(np.all(np.isfinite(traj.per_seed[k][r])) for k in theta)]
     error = None
     if bad:
         r = bad[0]
-        ok = np.array([all(np.all(np.isfinite(traj.per_seed[k][r][i])) for k in ("w", "C", "a")) for i in range(len(traj.ts))])
+        ok = np.array([all(np.all(np.isfinite(traj.per_seed[k][r][i])) for k in theta) for i in range(len(traj.ts))])
         t_bad = float(traj.ts[int(np.argmin(ok))])
         msg = f"θ became non-finite in seeds {bad} (seed {r} by t = {t_bad:.6g}; η = {cfg.solver.eta:g})"
         traj.status = f"failed: {method} {msg}"

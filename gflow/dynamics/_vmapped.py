@@ -105,7 +105,6 @@ from ._solve import (
 
 __all__ = ["integrate_batch_with_errors", "sample_bytes"]
 
-_BLOCKS = ("w", "C", "a")
 
 
 def sample_bytes(config: Config) -> int:
@@ -208,7 +207,7 @@ def _append_batch(trajs, loss_b, members, rows, stage_index: int) -> None:
         if m > block:  # pragma: no cover - one solve saves at most `block` points
             raise AssertionError(f"{m} rows in one block of {block}")
         blocks.append({k: np.concatenate([x, np.repeat(x[-1:], block - m, axis=0)]) for k, x in v.items()})
-    ys_b = Params(**{k: np.stack([b[k] for b in blocks]) for k in _BLOCKS})
+    ys_b = Params.from_blocks({k: np.stack([b[k] for b in blocks]) for k in blocks[0]})
     st_b = jax.device_get(_stats_batch(loss_b, ys_b))
     for k, r in enumerate(members):
         if r not in rows:
@@ -335,12 +334,13 @@ def _begin(runs: _Runs, saved: dict[int, Trajectory], params0: Params | None, lo
             y = params_from(tr, -1, dtype)
             runs.t[r], runs.wall0[r] = float(tr.ts[-1]), tr.wall
         else:
-            tr = Trajectory.empty(c, cfg.model.H, cfg.model.M, len(cfg.model.subsets))
+            tr = Trajectory.empty(c, cfg.model.H, cfg.model.M, len(cfg.model.subsets),
+                                  {b: np.shape(v) for b, v in params0.x.items()})  # fmt: skip
             tr.versions = versions()
             y = params0
-            first[r] = (np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in _BLOCKS})
+            first[r] = (np.zeros(1), {b: np.asarray(v)[None] for b, v in y.blocks().items()})
         runs.trajs.append(tr)
-        runs.y[r] = {b: np.asarray(getattr(y, b)) for b in _BLOCKS}
+        runs.y[r] = {b: np.asarray(v) for b, v in y.blocks().items()}
     members = list(range(len(runs.cfgs)))
     _append_batch(runs.trajs, loss_b, members, first, stage_index=index_of_stage(stage_plan(cfg)[0][0]))
 
@@ -365,7 +365,7 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
     """A group of one: ``gflow.dynamics._flow.run_stage`` itself, on the replicate's own loss."""
     rec, cfg = recs[r], runs.cfgs[r]
     dtype = cfg.estimator.jdtype
-    y = Params(**{b: jnp.asarray(v, dtype) for b, v in runs.y[r].items()})
+    y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in runs.y[r].items()})
     try:
         y, t = run_stage(runs.trajs[r], rec, _take(loss_b, r), cfg, y, runs.t[r], rec.t0 + duration, runs.outs[r],
                           runs.verbose, runs.wall0[r], runs.t_wall)  # fmt: skip
@@ -373,7 +373,7 @@ def _run_one(runs: _Runs, recs, loss_b, r: int, duration: float) -> None:
         runs.errors[r] = e
         runs.alive.remove(r)
         return
-    runs.y[r] = {b: np.asarray(getattr(y, b)) for b in _BLOCKS}
+    runs.y[r] = {b: np.asarray(v) for b, v in y.blocks().items()}
     runs.t[r] = t
 
 
@@ -388,7 +388,7 @@ def _run_stage_batch(runs: _Runs, recs, loss_b, members: list[int], active: list
     stage = {r: StageRun(runs.trajs[r], recs[r], runs.cfgs[r], runs.y[r], runs.t[r], recs[r].t0 + duration,
                           runs.outs[r], wall0=runs.wall0[r], t_wall=runs.t_wall, batched=True)
              for r in active}  # fmt: skip
-    y_b = Params(**{b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in _BLOCKS})
+    y_b = Params.from_blocks({b: jnp.asarray(np.stack([runs.y[r][b] for r in members]), dtype) for b in runs.y[r0]})
     sl_b, finite0 = _stage_start_batch(loss_b, y_b, stage[r0].moves)
     # the jitted function returns a copy of the samples inside the stage loss: hold the stacked ones instead
     sl_b = eqx.tree_at(lambda sl: sl.loss, sl_b, loss_b)

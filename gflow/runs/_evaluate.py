@@ -99,7 +99,7 @@ def _selected_set(traj: Trajectory) -> tuple[int, ...]:
 def final_params(traj: Trajectory) -> Params:
     """θ at the run's last saved time, in the run's estimator dtype."""
     dt = traj.config.estimator.jdtype
-    return Params(w=jnp.asarray(traj.w[-1], dt), C=jnp.asarray(traj.C[-1], dt), a=jnp.asarray(traj.a[-1], dt))
+    return Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(-1).items()})
 
 
 @dataclasses.dataclass

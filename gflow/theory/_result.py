@@ -110,6 +110,16 @@ def covers(law_coverage: Mapping[str, tuple], cfg) -> tuple[bool, str]:
     return True, ""
 
 
+def _S_of_label(label: str, default) -> tuple[int, ...]:
+    """The set a label names (``"∅"``, ``"{0,2}"``), else `default`."""
+    if label == "∅":
+        return ()
+    try:
+        return tuple(int(x) for x in label.strip("{}").split(","))
+    except ValueError:
+        return default
+
+
 def _section_dict(obj) -> dict:
     out = {}
     for f in dataclasses.fields(obj):
@@ -162,6 +172,11 @@ class ChiSquaredRanking:
     - `n_pi`: number of kernels averaged (1 for a fixed kernel, SEs 0).
     - `samples`: per-kernel ``Ĩ``, ``(n_pi, nS)`` (for further paired tests; ``None``
       when read back from JSON).
+    - `mi`, `mi_se`: the prior average of the ordinary mutual information ``I(S)`` and its SE
+      (``None`` in a theory saved before gflow computed it).
+
+    The winners of the other rankings: :attr:`gflow.ChiSquaredRanking.S_chi2` (``argmax I_χ²``), :attr:`gflow.ChiSquaredRanking.S_mi`
+    (``argmax I``); docs/theory/mathematics.md §M10 ("Other rankings").
     """
 
     sets: tuple[tuple[int, ...], ...]
@@ -177,7 +192,18 @@ class ChiSquaredRanking:
     close_call: bool
     n_pi: int
     samples: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    mi: np.ndarray | None = None
+    mi_se: np.ndarray | None = None
 
+    @property
+    def S_chi2(self) -> tuple[int, ...]:
+        """``argmax_S E_π I_χ²(S)``."""
+        return self.sets[int(np.argmax(self.chi2))]
+
+    @property
+    def S_mi(self) -> tuple[int, ...] | None:
+        """``argmax_S E_π I(S)`` (``None`` when not computed)."""
+        return None if self.mi is None else self.sets[int(np.argmax(self.mi))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,7 +412,10 @@ class Theory:
         if n_grid is None:
             n_grid = 601 if ref is None else ref.a_grid.size
             a_max = a_max if ref is None else float(ref.a_grid[-1])
-        law = stage3_law(make_gih(loss, S), a_max=a_max, n_grid=n_grid)
+        offs = loss.member.set_offsets(S) if S in self.sets else S  # a member's set: the offsets it reads
+        if offs is None:
+            raise KeyError(f"no GIH law for {subset_label(S)}: the set reads no parent offsets")
+        law = stage3_law(make_gih(loss, offs), a_max=a_max, n_grid=n_grid)
         return dataclasses.replace(self, laws={**self.laws, S: law})
 
     def __getitem__(self, key: str):
@@ -416,6 +445,8 @@ class Theory:
                     "gap_to_next_se": None if nxt is None else _f(rk.diff_se[i, nxt]),
                     "chi2": _f(rk.chi2[i]),
                     "chi2_se": _f(rk.chi2_se[i]),
+                    "mutual_information": None if rk.mi is None else _f(rk.mi[i]),
+                    "mutual_information_se": None if rk.mi_se is None else _f(rk.mi_se[i]),
                 }
             )
         C0 = np.asarray(self.C0, np.float64)
@@ -434,6 +465,10 @@ class Theory:
                 "Itilde_se": _fl(rk.Itilde_se),
                 "chi2": _fl(rk.chi2),
                 "chi2_se": _fl(rk.chi2_se),
+                "mutual_information": None if rk.mi is None else _fl(rk.mi),
+                "mutual_information_se": None if rk.mi_se is None else _fl(rk.mi_se),
+                "argmax_chi2": list(rk.S_chi2),
+                "argmax_mutual_information": None if rk.S_mi is None else list(rk.S_mi),
                 "diff_se": [_fl(r) for r in rk.diff_se],
                 "order": list(rk.order),
                 "ranking": ranking,
@@ -499,6 +534,8 @@ class Theory:
                 gap_se=float(mi["gap_se"] or 0.0),
                 close_call=bool(mi["close_call"]),
                 n_pi=int(mi["n_pi"]),
+                mi=None if mi.get("mutual_information") is None else _arr(mi["mutual_information"]),
+                mi_se=None if mi.get("mutual_information_se") is None else _arr(mi["mutual_information_se"]),
             )
             rates = StageIRates(
                 sets=sets, J=_arr(s1["J"]), J_se=_arr(s1["J_se"]), diff_se=_mat(s1["J_diff_se"]), L0=float(s1["L0"])
@@ -511,9 +548,9 @@ class Theory:
                 rate=float(du["rate"]),
             )
             laws = {}
-            for law in d["laws"].values():
+            for label, law in d["laws"].items():
                 law = law_from_json(law)
-                laws[law.S] = law
+                laws[_S_of_label(label, law.S)] = law
             coverage = {k: {o: tuple(v) for o, v in c.items()} for k, c in d["coverage"].items()}
             return cls(
                 config=d["config"],

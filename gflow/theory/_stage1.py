@@ -2,7 +2,8 @@
 
 - the modified χ²-mutual information ``Ĩ(S)`` of one kernel (:func:`chi2_mi`) and its
   prior average with paired standard errors, the ranking of 𝒮 and ``S* = argmax Ĩ``
-  (:func:`modified_chi2_ranking`);
+  (:func:`modified_chi2_ranking`), beside the ordinary χ²-MI and the ordinary mutual
+  information (``mutual_information``) and their own winners;
 - the rates ``J(S) = −∂L̂/∂a`` at ``a = 0``, ``c = e_S`` on the run's own sample
   (:func:`stage1_rates`), the first-order rate and the predicted ``d/dt log c_S``
   (``first_order_slope``, ``dlogc_dt``, ``log_ratio_slope`` of ``gflow.theory._rates``);
@@ -134,6 +135,34 @@ def _chi2_mi_batch(pis, cfg, sets):
     return jax.vmap(lambda p: chi2_mi(p, cfg, sets))(pis)
 
 
+def mutual_information(pi: Float[Array, "K d"], cfg: DataConfig, sets) -> Float[Array, " nS"]:
+    """Exact ordinary mutual information of one kernel (docs/theory/mathematics.md §M10, other
+    rankings): ``I(S) = Σ_{z,e} μ(z, e) log(μ(z, e)/(μ_S(z) μ(e)))`` for every set of offsets
+    (0 for ``∅``), from the same stationary law of ``W`` consecutive tokens as :func:`chi2_mi`;
+    terms with ``μ(z, e) = 0`` are 0. Pure JAX; vmappable over ``pi``."""
+    sets = _as_sets(sets)
+    d = cfg.d
+    W = _window_size(cfg, sets)
+    P = window_law(pi, cfg, W).reshape((d,) * W)
+    out = []
+    for S in sets:
+        if len(S) == 0:
+            out.append(jnp.zeros((), P.dtype))
+            continue
+        keep = {W - 1 - h for h in S} | {W - 1}
+        axes = tuple(t for t in range(W) if t not in keep)
+        joint = (P.sum(axis=axes) if axes else P).reshape(-1, d)
+        prod = joint.sum(1)[:, None] * joint.sum(0)[None, :]
+        pos = joint > 0
+        out.append(jnp.sum(jnp.where(pos, joint * jnp.log(jnp.where(pos, joint, 1.0) / jnp.where(pos, prod, 1.0)), 0.0)))
+    return jnp.stack(out)
+
+
+@eqx.filter_jit
+def _mi_batch(pis, cfg, sets):
+    return jax.vmap(lambda p: mutual_information(p, cfg, sets))(pis)
+
+
 def modified_chi2_ranking(
     cfg: DataConfig, sets, *, n_pi: int = 2000, key: PRNGKeyArray | None = None
 ) -> ChiSquaredRanking:
@@ -166,6 +195,7 @@ def modified_chi2_ranking(
     It, ch = np.asarray(It), np.asarray(ch)
     Im, Ise = mean_se(It)
     cm, cse = mean_se(ch)
+    mm, mse = mean_se(np.asarray(_mi_batch(pis, DataConfig(d=cfg.d, parents=cfg.parents, L=cfg.m), sets)))
     dse = _paired_se(It)
     order = tuple(int(i) for i in np.argsort(-Im, kind="stable"))
     if len(sets) > 1:
@@ -189,7 +219,36 @@ def modified_chi2_ranking(
         close_call=close,
         n_pi=int(n_pi),
         samples=It,
+        mi=mm,
+        mi_se=mse,
     )
+
+
+def ranking_of_sets(rank: ChiSquaredRanking, sets, reads) -> ChiSquaredRanking:
+    """`rank` (over sets of offsets) carried to a member's own selector sets: set ``sets[i]``
+    reads the offsets ``reads[i]`` with one-hot copiers (``AbstractModel.set_offsets``; ``()``
+    for a set of no parents) and gets their Ĩ, χ²-MI and MI, paired SEs included; sets reading
+    the same offsets tie exactly (a close call when they are the top two). The identity when
+    every set reads itself."""
+    sets, reads = tuple(sets), tuple(tuple(r) for r in reads)
+    if reads == tuple(rank.sets) == sets:
+        return rank
+    idx = np.array([rank.sets.index(r) for r in reads])
+    It, Ise, dse = rank.Itilde[idx], rank.Itilde_se[idx], rank.diff_se[np.ix_(idx, idx)]
+    order = tuple(int(i) for i in np.argsort(-It, kind="stable"))
+    if len(sets) > 1:
+        i, j = order[0], order[1]
+        gap, gap_se = float(It[i] - It[j]), float(dse[i, j])
+        tie = gap <= TIE_RTOL * max(abs(It[i]), abs(It[j]), 1e-300)
+        close = bool(tie or gap <= 3.0 * gap_se)
+    else:
+        gap, gap_se, close = math.inf, 0.0, False
+    return ChiSquaredRanking(
+        sets=sets, Itilde=It, Itilde_se=Ise, chi2=rank.chi2[idx], chi2_se=rank.chi2_se[idx], diff_se=dse, order=order,
+        S_star=sets[order[0]], gap=gap, gap_se=gap_se, close_call=close, n_pi=rank.n_pi,
+        samples=None if rank.samples is None else rank.samples[:, idx],
+        mi=None if rank.mi is None else rank.mi[idx], mi_se=None if rank.mi_se is None else rank.mi_se[idx],
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

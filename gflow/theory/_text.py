@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core import subset_label
 from ._ladder import format_ladder
 
 
@@ -38,12 +39,14 @@ def format_theory(theory) -> str:
         f"§M6.1 Stage I winner: modified χ²-MI Ĩ(S), mean over n_pi={c['n_pi']} prior kernels "
         f"(seed {c['pi_seed']}); gaps with paired SEs"
     )
-    hdr = f"  {'rank':>4}  {'S':<7} {'Ĩ(S)':>22} {'gap to next':>22} {'χ²-MI':>22}"
+    hdr = f"  {'rank':>4}  {'S':<7} {'Ĩ(S)':>22} {'gap to next':>22} {'χ²-MI':>22} {'MI':>22}"
     out.append(hdr)
     for r, row in enumerate(mi["ranking"], 1):
+        mut = row.get("mutual_information")
         out.append(
             f"  {r:>4}  {row['label']:<7} {_pm(row['Itilde'], row['Itilde_se']):>22} "
-            f"{_pm(row['gap_to_next'], row['gap_to_next_se']):>22} {_pm(row['chi2'], row['chi2_se']):>22}"
+            f"{_pm(row['gap_to_next'], row['gap_to_next_se']):>22} {_pm(row['chi2'], row['chi2_se']):>22} "
+            f"{'—' if mut is None else _pm(mut, row.get('mutual_information_se')):>22}"
         )
     gap_sig = (
         "exact" if not mi["gap_se"] else f"{mi['gap'] / mi['gap_se']:.1f} paired SE"
@@ -52,6 +55,12 @@ def format_theory(theory) -> str:
         f"  S* = argmax Ĩ = {mi['S_star_label']}   (gap to runner-up: {gap_sig}; "
         f"close call: {'YES' if mi['close_call'] else 'no'})"
     )
+    if mi.get("argmax_chi2") is not None:
+        ami = mi.get("argmax_mutual_information")
+        out.append(
+            f"  the other rankings (§M10): argmax χ²-MI = {subset_label(tuple(mi['argmax_chi2']))}, "
+            f"argmax MI = {'—' if ami is None else subset_label(tuple(ami))}, argmax J = {subset_label(tuple(s1['argmax_J']))}"
+        )
     out.append("")
     out.append(
         f"§M6.2 Stage I rates at init (w₊={ic['w_plus']:g}, w₋={ic['w_minus']:g}, c₀={ic['c0']:g}, "

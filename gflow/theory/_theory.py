@@ -54,6 +54,7 @@ from ._stage1 import (
     chi2_mi,
     modified_chi2_ranking,
     predicted_stage1_duration,
+    ranking_of_sets,
     stage1_rates,
     unrepresented_parents,
 )
@@ -174,8 +175,9 @@ def theory_report(
     member = member_of(model_cfg)
     # Ĩ ranks sets of offsets: a member's sets through the offsets they read with one-hot copiers
     # (the token component of the residual stream reads offset 1; a set of no parents counts as ∅)
-    rank_sets = tuple(dict.fromkeys(member.set_offsets(S) or () for S in sets))
-    rank = modified_chi2_ranking(data_cfg, rank_sets, n_pi=n_pi, key=jax.random.key(pi_seed))
+    reads = tuple(member.set_offsets(S) or () for S in sets)
+    rank = modified_chi2_ranking(data_cfg, tuple(dict.fromkeys(reads)), n_pi=n_pi, key=jax.random.key(pi_seed))
+    rank = ranking_of_sets(rank, sets, reads)
     t1 = time.perf_counter()
 
     if loss is None:
@@ -193,21 +195,22 @@ def theory_report(
     duration = predicted_stage1_duration(rates.J, C0**2, a0, delta, eta_C=eta_C, sets=sets)
     t2 = time.perf_counter()
 
-    want = [rank.S_star, member.set_offsets(sets[int(np.argmax(rates.J))])]
+    want = [rank.S_star, sets[int(np.argmax(rates.J))]]
     if S is not None:
-        want.append(member.set_offsets(tuple(S)) if tuple(S) in sets else check_offsets(S, model_cfg.M))
-    want = [S_ for S_ in want if S_ is not None]
+        want.append(tuple(S) if tuple(S) in sets else check_offsets(S, model_cfg.M))
     laws = {}
-    for S_ in want:
-        if S_ not in laws:
-            laws[S_] = stage3_law(make_gih(loss, S_), a_max=a_max, n_grid=n_grid)
+    for S_ in want:  # keyed by the member's set; the GIH of the offsets it reads
+        offs = member.set_offsets(S_) if S_ in sets else S_
+        if S_ not in laws and offs is not None:
+            laws[S_] = stage3_law(make_gih(loss, offs), a_max=a_max, n_grid=n_grid)
     t3 = time.perf_counter()
 
     key = config_key(
         data_cfg, model_cfg, estimator_cfg, init_cfg, n_pi=rank.n_pi, pi_seed=pi_seed, eta_C=eta_C, delta=delta
     )
     key["n_pi_asked"] = int(n_pi)
-    ladder = _ladder(loss, data_cfg, rank.S_star, laws[rank.S_star], kernel_conditional(data_cfg, estimator_cfg),
+    ladder = _ladder(loss, data_cfg, member.set_offsets(rank.S_star) or (), laws.get(rank.S_star),
+                     kernel_conditional(data_cfg, estimator_cfg),
                      estimator_cfg)
     return Theory(
         config=key,
@@ -231,7 +234,8 @@ def _ladder(loss, data_cfg, S, law, pi_cond, estimator_cfg) -> dict | None:
     rung at the law's ``argmin_a L_GIH``; ``None`` when the Bayes counts need the
     tokens (parents beyond the counts layout's window)."""
     try:
-        return loss_ladder(loss, data_cfg, S=S, a_gih=law.a_limit, pi_cond=pi_cond, estimator=estimator_cfg).to_json()
+        return loss_ladder(loss, data_cfg, S=S, a_gih=None if law is None else law.a_limit, pi_cond=pi_cond,
+                           estimator=estimator_cfg).to_json()  # fmt: skip
     except ValueError:
         return None
 
