@@ -44,8 +44,11 @@ def _layer_norm(x, weight, bias, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * weight + bias
 
 
-def forward(X, d, W, q_proj, k_proj, o_v_proj, ln_weight, ln_bias, C_alpha, a, D):
-    """The model's output for token sequences ``X`` ``(bs, T)``: ``(bs, d)`` (a probability vector)."""
+def forward(X, d, W, q_proj, k_proj, o_v_proj, ln_weight, ln_bias, C_alpha, a, D, standard_LN=False):
+    """The model's output for token sequences ``X`` ``(bs, T)``: ``(bs, d)`` (a probability vector).
+    ``standard_LN``: the selector's normalisation of ``TwoLayerTransformer`` before 2024-08-27
+    (``PolyKernelMultiHeadAttention(standard_LN=True)``: by the features' norms, the code of the
+    stored Full runs), else the final code's (by ``‖C[remain_pos]‖²``)."""
     bs, T = X.shape
     H = W.shape[1]
     Xoh = np.eye(d)[X]  # (bs, T, d)
@@ -73,7 +76,16 @@ def forward(X, d, W, q_proj, k_proj, o_v_proj, ln_weight, ln_bias, C_alpha, a, D
     x = np.maximum(x, 0.0)
     x = np.exp(np.einsum("bqsc,lc->bqsl", np.log(x + 1e-24), degrees))
     x = np.einsum("bqsl,hl->bhqs", x, C_alpha**2)
-    logits_shift = x / np.linalg.norm(C_alpha[:, remain_pos], axis=-1, keepdims=True)[:, None] ** 2
+    if standard_LN:
+        def norm_prod(z):  # __feature_norm_prod__
+            n = np.einsum("bqcd,bqcd->bqc", z, z)
+            n = np.exp(np.einsum("bqc,lc->bql", np.log(n + 1e-24), degrees))
+            return np.einsum("bql,hl->bhq", n, C_alpha**2)
+
+        norm_key, norm_query = np.sqrt(norm_prod(key_new)), np.sqrt(norm_prod(query_new))
+        logits_shift = x / np.maximum(np.einsum("bhq,bhk->bhqk", norm_query, norm_key), 1e-6)
+    else:
+        logits_shift = x / np.linalg.norm(C_alpha[:, remain_pos], axis=-1, keepdims=True)[:, None] ** 2
     logits = logits_shift * a  # q·k = 0 (the key is zeros_like(key))
     weights = _softmax(logits, -1)  # (bs, 1, 1, T)
     o = np.einsum("bhnm,bmk->bnk", weights, v)  # (bs, 1, d)

@@ -154,7 +154,7 @@ class AbstractModel(eqx.Module):
         """The C-independent part of :meth:`counts_table` (when :attr:`caches_selector`)."""
 
     @abc.abstractmethod
-    def counts_from_products(self, C, products):
+    def counts_from_products(self, C, products, d: int):
         """:meth:`counts_table` from :meth:`counts_products` and C."""
 
     @abc.abstractmethod

@@ -186,7 +186,7 @@ class CountFeatures(eqx.Module):
         if set(moves) <= set(m.readout_blocks):
             fn = lambda row, counts, cond: m.readout(p, row, counts, cond, loss.eps, loss.kind)  # noqa: E731
             return jnp.mean(seqmap(fn, (cache, self.counts, self.cond), ch))
-        table = m.counts_from_products(y["C"], cache)
+        table = m.counts_from_products(y["C"], cache, loss.d)
         fn = lambda q, counts, cond: m.readout(p, table[q], counts, cond, loss.eps, loss.kind)  # noqa: E731
         return jnp.mean(seqmap(fn, self._args(), ch))
 

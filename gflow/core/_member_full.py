@@ -16,7 +16,11 @@ Second layer (``PolyKernelMultiHeadAttention``, ``max_individual_degree = 1``,
 ``low_degree = D``): components 0 (the token ``x̃_l`` itself, zero on the query) and 1..H (the
 heads); for every set S ⊆ {0, 1..H} with |S| ≤ D,
 ``κ_l = Σ_S C_S² Π_{c∈S} (relu⟨u_q^(c), u_l^(c)⟩ + 10⁻²⁴) / Σ_{S: 0∉S} C_S²``,
-then ``ŷ = Σ_l softmax_l(a κ_l) e(x_l)``. The sets holding the token contribute 10⁻²⁴-small
+then ``ŷ = Σ_l softmax_l(a κ_l) e(x_l)``. With ``model.norm = "layer"`` the kernel is normalised
+as the official ``standard_LN = True`` does (``TwoLayerTransformer`` until 2024-08-27, the code
+the stored runs of ``RPE/results_paper/NGram/Full_*`` were made with): by
+``max(‖φ_q‖‖φ_l‖, 10⁻⁶)``, ``‖φ_l‖² = Σ_S C_S² Π_{c∈S} (‖u_l^(c)‖² + 10⁻²⁴)`` over every set
+(the token's included: a key's token has norm 1, the query's 0). The sets holding the token contribute 10⁻²⁴-small
 terms (the query's token is zero); their C stays in θ, as in the official code, and their
 share is reported as 0. Initialisation as ``RPE/train.py``: ``w`` w₋ everywhere but w₊ on each
 head's own offset h, ``C_S = c₀``, ``a = a₀``, ``Q_h = K_h = W_OV,h = model.proj_init·I``,
@@ -45,6 +49,8 @@ from ._tables import (
 )
 
 _FIRST = ("w", "K", "Q", "V", "beta", "gamma")
+# the official standard_LN's floor on ‖φ_q‖‖φ_l‖ (clamp(min=1e-6))
+NORM_CLAMP = 1e-6
 
 
 @register
@@ -52,7 +58,7 @@ class FullModel(AbstractWindowModel):
     """The official ``TwoLayerTransformer`` (see the module docstring)."""
 
     name = "full"
-    options = ("proj_init",)
+    options = ("proj_init", "norm")
     token_component = True
 
     @classmethod
@@ -130,13 +136,25 @@ class FullModel(AbstractWindowModel):
         return jnp.stack(comps)
 
     def inner_products(self, Vq, Vk):
-        return jnp.einsum("cqe,cke->cqk", Vq, Vk)
+        inner = jnp.einsum("cqe,cke->cqk", Vq, Vk)
+        if self.model.norm == "sum":
+            return inner
+        # the feature norms of the official standard_LN: Σ_S C² Π_{c∈S} (‖u^(c)‖² + 10⁻²⁴), query and key
+        return inner, jnp.sum(Vq * Vq, -1), jnp.sum(Vk * Vk, -1)
+
+    def _selector(self, c, x):
+        return sum(c[r] * subset_product(x, S, lambda k: k) for r, S in enumerate(self.model.subsets))
 
     def combine(self, C, inner):
-        x = jax.nn.relu(inner) + OFFICIAL_FLOOR
         c = C**2
-        num = sum(c[r] * subset_product(x, S, lambda k: k) for r, S in enumerate(self.model.subsets))
-        return num / jnp.sum(jnp.where(self._normalising(), c, 0.0))
+        if self.model.norm == "sum":
+            x = jax.nn.relu(inner) + OFFICIAL_FLOOR
+            return self._selector(c, x) / jnp.sum(jnp.where(self._normalising(), c, 0.0))
+        inner, q2, k2 = inner
+        num = self._selector(c, jax.nn.relu(inner) + OFFICIAL_FLOOR)
+        nq = jnp.sqrt(self._selector(c, q2 + OFFICIAL_FLOOR))  # (nq,)
+        nk = jnp.sqrt(self._selector(c, k2 + OFFICIAL_FLOOR))  # (..., nk)
+        return num / jnp.maximum(nq[:, None] * nk[None, :], NORM_CLAMP)
 
     def pair_kernel(self, p, Vq, Vk):
         return self.combine(p.C, self.inner_products(Vq, Vk))

@@ -152,7 +152,7 @@ class PaperModel(AbstractModel):
     def counts_products(self, p, d):
         return _paper.window_products(p.w, self.model, d)
 
-    def counts_from_products(self, C, products):
+    def counts_from_products(self, C, products, d):
         return _paper.kappa_from_window_products(C, products, self.model)
 
     def sparse_products(self, p, d, L):

@@ -144,12 +144,19 @@ class AbstractWindowModel(AbstractModel):
         own = jnp.repeat(jnp.arange(d, dtype=windows.dtype), K)
         return jnp.tile(windows, (d, 1)), own
 
-    def _table(self, p: Params, qwin, kwin, d: int, fn):
+    def _flat(self, p: Params, qwin, kwin, d: int, fn):
+        """`fn` of the query windows' and the keys' vectors (keys flat: own token major)."""
         kw, own = self._keys(kwin, d)
         Vq = self.vectors(p, qwin, None, query=True, d=d)
         Vk = self.vectors(p, kw, own, query=False, d=d)
-        out = fn(Vq, Vk)
-        return out if not self.own_token else out.reshape(out.shape[:-1] + (d, kwin.shape[0]))
+        return fn(Vq, Vk)
+
+    def _shaped(self, out, d: int):
+        """A flat table ``(nq, [d·]K)`` as ``(nq, d, K)`` when κ reads the key's own token."""
+        return out if not self.own_token else out.reshape(out.shape[:-1] + (d, out.shape[-1] // d))
+
+    def _table(self, p: Params, qwin, kwin, d: int, fn):
+        return self._shaped(self._flat(p, qwin, kwin, d, fn), d)
 
     def _all(self, d):
         return jnp.asarray(all_windows(d + 1, self.span))
@@ -210,17 +217,17 @@ class AbstractWindowModel(AbstractModel):
 
     def counts_products(self, p, d):
         W = self._all(d)
-        return self._table(p, W, W, d, self.inner_products)
+        return self._flat(p, W, W, d, self.inner_products)
 
-    def counts_from_products(self, C, products):
-        return self.combine(C, products)
+    def counts_from_products(self, C, products, d):
+        return self._shaped(self.combine(C, products), d)
 
     def sparse_products(self, p, d, L):
         Q, W = self._sparse(d, L)
-        return self._table(p, Q, W, d, self.inner_products)
+        return self._flat(p, Q, W, d, self.inner_products)
 
     def sparse_from_products(self, C, products, d, L):
-        return self.combine(C, products)
+        return self._shaped(self.combine(C, products), d)
 
     # -- final: the positions layout -----------------------------------------------------------
     @property
