@@ -44,6 +44,7 @@ from .dynamics import hessian_spectrum as hessian_spectrum
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd
+from .runs import GridIncomplete as GridIncomplete
 from .runs import check_run as check_run
 from .runs import evaluate as evaluate
 from .runs import integrate as integrate

@@ -114,6 +114,11 @@ _PARAM_HELP = (
     "repeat for a cross product (see 'gflow --help')"
 )
 _QUIET_HELP = "print nothing but errors and warnings"
+_EXECUTOR_HELP = (
+    "where the points run: serial (default: this process), processes:N (N local worker processes), "
+    "dask-local:N (a local Dask cluster of N worker processes), dask:ADDRESS (a Dask scheduler; "
+    "dask needs pip install 'gflow[cluster]'); the same numbers, only this process writes --out"
+)
 _FORMAT_HELP = "figure file format (default png)"
 
 
@@ -164,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --replicates: integrate B replicates at a time, vmapped (default: all R if their samples "
         "fit in 2 GiB, else as many as fit; 1: one after another)",
     )  # fmt: skip
+    r.add_argument("--executor", metavar="SPEC", help="with --replicates: " + _EXECUTOR_HELP + " (a chunk a task)")
     r.add_argument(
         "--dry-run", action="store_true",
         help="check the configuration, the output folder and the memory estimate, print them, and stop",
@@ -194,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--overwrite", action="store_true", help="replace the points' runs already in --out")
     sw.add_argument("--no-check", action="store_true", help="skip the check reports (no theory columns)")
     sw.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
+    sw.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     sw.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
     _eval_parser(sub)
@@ -225,6 +232,7 @@ def _phase_parsers(sub) -> None:
     ph.add_argument("--flow", action="store_true", help="also integrate and check every point (runs/)")
     ph.add_argument("--shard", metavar="K/N", help="compute only the K-th of N disjoint subsets of the points")
     ph.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
+    ph.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     ph.add_argument("--overwrite", action="store_true", help="discard the points already in --out")
     ph.add_argument("--no-plot", action="store_true", help="skip the figures")
     ph.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
@@ -246,11 +254,16 @@ def _cmd_phase_merge(args) -> int:
 
 def _cmd_phase(args) -> int:
     from .config import load_config
-    from .runs import run_phase
+    from .runs import GridIncomplete, run_phase
 
     cfg = load_config(args.config)
-    res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
-                    plot=not args.no_plot, overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
+                        plot=not args.no_plot, overwrite=args.overwrite, verbose=not args.quiet,
+                        executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow phase: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         n = len(res.point_walls)
@@ -448,6 +461,12 @@ def _cmd_run(args) -> int:
         batch = B if B is not None else default_batch(cfg, R)
     elif args.replicates_batch is not None:
         raise ValueError("--replicates-batch needs --replicates R")
+    if args.executor is not None:
+        if args.replicates is None:
+            raise ValueError("--executor needs --replicates R (one run has no points to share out)")
+        from .runs import check_executor
+
+        check_executor(args.executor)
     need, avail, where = preflight(cfg, replicates=batch)  # before any compute or folder
     if args.dry_run:
         check_output_dry(out)
@@ -568,19 +587,24 @@ def _cmd_check(args) -> int:
 
 def _cmd_sweep(args) -> int:
     from .config import load_config
-    from .runs import preflight, run_sweep, sweep_points
+    from .runs import GridIncomplete, check_executor, preflight, run_sweep, sweep_points
 
     cfg = load_config(args.config)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
     for _, point in sweep_points(cfg, args.param):  # every point's memory, before any compute
         preflight(point)
+    check_executor(args.executor)
     out = Path(args.out)
     if not args.quiet:
         print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
               flush=True)  # fmt: skip
-    res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
-                    overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
+                        overwrite=args.overwrite, verbose=not args.quiet, executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow sweep: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  {len(res.rows)} runs in {res.wall:.1f} s; table in {res.csv}")
@@ -606,11 +630,12 @@ def _eval_parser(sub) -> None:
     e.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES", help=_PARAM_HELP)
     e.add_argument("--out", help="output folder for eval.csv, eval.json, eval.png (default DIR/eval)")
     e.add_argument("--no-plot", action="store_true", help="skip the figure")
+    e.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     e.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
 
 def _cmd_eval(args) -> int:
-    from .runs import evaluate, preflight, sweep_points
+    from .runs import GridIncomplete, evaluate, preflight, sweep_points
     from .trajectory import load
 
     try:  # every evaluated configuration's memory, before any compute (bad fields: evaluate names them)
@@ -620,8 +645,12 @@ def _cmd_eval(args) -> int:
     for _, point in points:
         preflight(point)
 
-    res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
-                   verbose=not args.quiet)  # fmt: skip
+    try:
+        res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
+                       verbose=not args.quiet, executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow eval: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  run's final loss {res.run_loss:.6f}; {len(res.rows)} configurations in {res.wall:.1f} s; "
@@ -630,12 +659,17 @@ def _cmd_eval(args) -> int:
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
-    from .runs import run_replicates
+    from .runs import GridIncomplete, run_replicates
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
-    res = run_replicates(cfg, args.replicates, out=out, batch=args.replicates_batch, resume=args.resume,
-                         overwrite=args.overwrite, check=not args.no_check, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_replicates(cfg, args.replicates, out=out, batch=args.replicates_batch, resume=args.resume,
+                             overwrite=args.overwrite, check=not args.no_check, verbose=not args.quiet,
+                             executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow run: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  bands and check spread in {out / 'replicates.json'}, {out / 'bands.npz'}, {out / 'replicates.md'}")

@@ -99,6 +99,17 @@ def disable_export_cache() -> None:
     _DIR = None
 
 
+def export_cache_folder() -> Path | None:
+    """The folder :func:`enable_export_cache` named, or ``None`` when the cache is off."""
+    return _DIR
+
+
+def source_fingerprint() -> str:
+    """A hash of the installed versions (:func:`gflow._util.versions`) and of gflow's source: two
+    processes with the same fingerprint run the same code (a grid's workers are checked by it)."""
+    return _fingerprint()
+
+
 def _package_root() -> Path:
     return Path(__file__).resolve().parents[1]  # gflow/, this file being gflow/_util/_export_cache.py
 

@@ -39,14 +39,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, jsonable, show_value, write_csv
+from ..config import Config, from_dict
 from ..core import Params, PopulationLoss, features, resolve_layout, subset_label
 from ..core import sample as draw_sample
 from ..figures import plot_eval
 from ..theory import RUNGS, Ladder, loss_ladder
 from ..trajectory import Trajectory, load, selected_set
+from ._executor import GridIncomplete, check_executor, open_executor, run_points
 from ._sweep import parse_param, sweep_points
 
-__all__ = ["EVAL_KEYS", "EvalResult", "evaluate", "plot_eval"]
+__all__ = ["EVAL_KEYS", "EvalResult", "eval_point", "eval_task", "evaluate", "plot_eval"]
 
 EVAL_KEYS = {
     "data": ("L", "alpha", "parents", "start", "burn_in", "kernel"),
@@ -142,6 +144,7 @@ def evaluate(
     out: str | Path | None = None,
     plot: bool = True,
     verbose: bool = False,
+    executor=None,
 ) -> EvalResult:
     """Evaluate a run's final θ on other data configurations (docs/theory/mathematics.md §M8.4).
 
@@ -154,6 +157,8 @@ def evaluate(
     - `out`: where to write ``eval.csv``, ``eval.json`` and (with `plot`)
       ``eval.png``; default ``RUN/eval`` for a folder, nothing for a
       trajectory.
+    - `executor`: where the points run (:mod:`gflow.runs._executor`; default this process);
+      the same rows bit for bit, the files written by this process.
 
     **Returns:** an :class:`EvalResult`.
 
@@ -162,6 +167,7 @@ def evaluate(
     configuration rejects, before anything is computed.
     """
     t0 = time.perf_counter()
+    check_executor(executor)
     if isinstance(run, Trajectory):
         traj = run
     else:
@@ -178,34 +184,30 @@ def evaluate(
     theta = final_params(traj)
     S = _selected_set(traj)
 
-    rows, ladders = [], []
-    for point, pcfg in points:
-        est = pcfg.estimator
-        smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
-        layout = resolve_layout(est.layout, pcfg.data.d, cfg.model.M)
-        feats = features(smp, cfg.model, layout=layout, dtype=est.jdtype)
-        loss = PopulationLoss(
-            feats=feats, model=cfg.model, eps=jnp.asarray(est.eps, est.jdtype), kind=est.loss, chunk=est.chunk
-        )
-        lad = loss_ladder(loss, pcfg.data, S=S, params=theta, sample=smp)
-        ladders.append(lad)
-        row = dict(point)
-        row["N"] = est.N
-        row["loss"], row["loss_se"] = lad.mean("flow"), lad.se("flow")
-        row["unseen"] = float(loss.unseen())
-        for k in RUNGS:
-            row[k], row[f"{k}_se"] = lad.mean(k), lad.se(k)
-        for a, b in (("flow", "bayes"), ("gih", "bayes"), ("flow", "gih")):
-            row[f"{a}_minus_{b}"], row[f"{a}_minus_{b}_se"] = lad.gap(a, b)
-        row["a_gih"] = lad.a_gih
-        cap = lad.captured()
-        row["captured"], row["captured_se"] = (None, None) if cap is None else cap
-        row["bayes_optimal"] = lad.bayes_optimal
-        rows.append(row)
+    found: dict[int, tuple[dict, Ladder]] = {}
+
+    def accept(k, res):
+        row, lad = res
+        found[k] = ({**points[k][0], **row}, lad)
         if verbose:
-            print(f"  {', '.join(f'{f}={show_value(v)}' for f, v in point.items())}: loss {row['loss']:.5f} ± "
+            row = found[k][0]
+            print(f"  {', '.join(f'{f}={show_value(v)}' for f, v in points[k][0].items())}: loss {row['loss']:.5f} ± "
                   f"{row['loss_se']:.2g}, Bayes {row['bayes']:.5f}, GIH {row['gih']:.5f}, "
                   f"unigram {row['unigram']:.5f}", flush=True)  # fmt: skip
+
+    with open_executor(executor) as engine:
+        if engine is None:
+            lost = run_points(None, lambda k: eval_point(cfg, points[k][1], theta, S),
+                              [(k, k) for k in range(len(points))], accept)  # fmt: skip
+        else:
+            last = {"w": np.asarray(traj.w[-1]), "C": np.asarray(traj.C[-1]), "a": np.asarray(traj.a[-1])}
+            tasks = [(k, {"run_config": cfg.to_dict(), "config": pc.to_dict(), "theta": last, "S": S})
+                     for k, (_, pc) in enumerate(points)]  # fmt: skip
+            lost = run_points(engine, eval_task, tasks, accept, verbose=verbose)
+    if lost:
+        raise GridIncomplete("evaluation", lost, None, "run it again")
+    rows = [found[k][0] for k in range(len(points))]
+    ladders = [found[k][1] for k in range(len(points))]
 
     res = EvalResult(
         fields=fields, rows=rows, ladders=ladders, S=S, run_loss=float(traj.loss[-1]),
@@ -219,6 +221,42 @@ def evaluate(
         if plot:
             res.files.append(plot_eval(res, out / "eval.png"))
     return res
+
+
+def eval_point(cfg: Config, pcfg: Config, theta: Params, S: tuple[int, ...]) -> tuple[dict[str, Any], Ladder]:
+    """θ of a run of configuration `cfg` on the data of `pcfg` (one point of :func:`evaluate`):
+    its sample drawn as the run's estimator draws it, the loss ladder with the GIH of `S`.
+    **Returns** the point's row (without the point's values) and its :class:`Ladder`."""
+    est = pcfg.estimator
+    smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
+    layout = resolve_layout(est.layout, pcfg.data.d, cfg.model.M)
+    feats = features(smp, cfg.model, layout=layout, dtype=est.jdtype)
+    loss = PopulationLoss(
+        feats=feats, model=cfg.model, eps=jnp.asarray(est.eps, est.jdtype), kind=est.loss, chunk=est.chunk
+    )
+    lad = loss_ladder(loss, pcfg.data, S=S, params=theta, sample=smp)
+    row: dict[str, Any] = {"N": est.N}
+    row["loss"], row["loss_se"] = lad.mean("flow"), lad.se("flow")
+    row["unseen"] = float(loss.unseen())
+    for k in RUNGS:
+        row[k], row[f"{k}_se"] = lad.mean(k), lad.se(k)
+    for a, b in (("flow", "bayes"), ("gih", "bayes"), ("flow", "gih")):
+        row[f"{a}_minus_{b}"], row[f"{a}_minus_{b}_se"] = lad.gap(a, b)
+    row["a_gih"] = lad.a_gih
+    cap = lad.captured()
+    row["captured"], row["captured_se"] = (None, None) if cap is None else cap
+    row["bayes_optimal"] = lad.bayes_optimal
+    return row, lad
+
+
+def eval_task(payload: dict[str, Any]) -> tuple[dict[str, Any], Ladder]:
+    """:func:`eval_point` in a worker (:mod:`gflow.runs._executor`), from plain data: the run's and
+    the point's configurations (``Config.to_dict()``), θ's last saved values and the set."""
+    cfg = from_dict(payload["run_config"])
+    dt = cfg.estimator.jdtype
+    th = payload["theta"]
+    theta = Params(w=jnp.asarray(th["w"], dt), C=jnp.asarray(th["C"], dt), a=jnp.asarray(th["a"], dt))
+    return eval_point(cfg, from_dict(payload["config"]), theta, tuple(payload["S"]))
 
 
 def _write_csv(res: EvalResult, path: Path) -> Path:

@@ -114,6 +114,8 @@ def lock(out: str | Path):
 
 # The files of a run that ``overwrite`` replaces (other files in the folder are left alone).
 _STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json", "spectrum.npz")
+#: What an overwritten run discards: those files and the figures folder (:meth:`RunFolder.remove_stale`).
+STALE_FILES = (*_STALE, "figures")
 
 
 class RunFolder:

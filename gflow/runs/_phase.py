@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, write_csv
-from ..config import Config
+from ..config import Config, from_dict
 from ..core import init_params, make_loss, subset_label
 from ..figures import phase_row, plot_phase
 from ..theory import (
@@ -86,6 +86,16 @@ from ..theory import (
     stage3_law,
 )
 from ..trajectory import selected_set
+from ._executor import (
+    GridIncomplete,
+    check_executor,
+    folder_files,
+    open_executor,
+    put_folder_files,
+    run_points,
+    scratch_folder,
+)
+from ._folder import STALE_FILES, lock
 from ._sweep import headline, point_dirname, run_point, show_value, sweep_points
 
 __all__ = [
@@ -94,6 +104,7 @@ __all__ = [
     "PhaseResult",
     "merge_shards",
     "phase_grid",
+    "phase_task",
     "plot_phase",
     "point_theory",
     "run_phase",
@@ -304,6 +315,40 @@ def point_flow(traj, report: dict | None) -> dict[str, Any]:
     }
 
 
+def point_record(k: int, point: dict, cfg: Config, *, flow: bool, n_pi: int, pi_seed: int, overwrite: bool,
+                 cache: _Cache, run_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """The record of grid point `k` (``points/<k>.json``): its theory columns and, with `flow`,
+    its run integrated and checked in `run_dir` (resumed there unless `overwrite`) and its flow
+    columns; ``wall_s``."""
+    tp = time.perf_counter()
+    theory = point_theory(cfg, n_pi=n_pi, pi_seed=pi_seed, cache=cache)
+    rec = {"index": k, "point": point, "theory": theory}
+    if flow:
+        traj, report = run_point(cfg, run_dir, check=True, check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed},
+                                 resume=not overwrite, overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
+        rec["flow"] = point_flow(traj, report)
+    rec["wall_s"] = time.perf_counter() - tp
+    return rec
+
+
+# What the points computed by one worker process share (as one serial run's points do).
+_WORKER_CACHE = _Cache()
+
+
+def phase_task(payload: dict[str, Any]) -> dict[str, Any]:
+    """One grid point in a worker (:mod:`gflow.runs._executor`): `payload` holds the point's
+    ``index``, ``point``, ``config`` (``Config.to_dict()``), ``flow``, ``n_pi``, ``pi_seed``,
+    ``overwrite`` and ``files`` (its run folder's, to resume). The run is computed in a scratch
+    folder; **returns** ``{"rec": …, "files": …}`` (the record and, with ``flow``, the run
+    folder's files) for the coordinator to write."""
+    cfg = from_dict(payload["config"])
+    with scratch_folder(payload["files"]) as d:
+        rec = point_record(payload["index"], payload["point"], cfg, flow=payload["flow"], n_pi=payload["n_pi"],
+                           pi_seed=payload["pi_seed"], overwrite=payload["overwrite"], cache=_WORKER_CACHE,
+                           run_dir=d)  # fmt: skip
+        return {"rec": rec, "files": folder_files(d) if payload["flow"] else None}
+
+
 # ---------------------------------------------------------------------------
 # The grid run
 # ---------------------------------------------------------------------------
@@ -396,6 +441,7 @@ def run_phase(
     overwrite: bool = False,
     verbose: bool = False,
     on_point: Callable[[int], None] | None = None,
+    executor=None,
 ) -> PhaseResult:
     """Compute a phase grid into `out` (see the module docstring for the
     columns and files).
@@ -409,12 +455,18 @@ def run_phase(
     `out` (otherwise they are kept and only the missing ones computed — an
     interrupted grid resumes; a folder holding a different grid is an error);
     `on_point(k)` is called after point k is saved (progress hooks; tests use
-    it to interrupt a grid).
+    it to interrupt a grid); `executor` where the points run (:mod:`gflow.runs._executor`:
+    ``None``/``"serial"`` this process, ``"processes:N"``, ``"dask-local:N"``,
+    ``"dask:ADDRESS"``, or any object with ``submit``): the same files and numbers, only this
+    process writes `out`.
 
-    Everything is validated before anything is computed.
+    Everything is validated before anything is computed. **Raises**
+    :class:`~gflow.runs.GridIncomplete` (everything else written) when points were lost with
+    their workers.
     """
     fields, points = phase_grid(config, params)
     sh = _parse_shard(shard)
+    check_executor(executor)
     if int(n_pi) < 1:
         raise ValueError(f"n_pi must be a positive integer, got {n_pi!r}")
     out = Path(out)
@@ -445,18 +497,15 @@ def run_phase(
     if verbose:
         print(f"{len(points)} points ({len(mine)} in this shard), {len(mine) - len(todo)} already done",
               flush=True)  # fmt: skip
-    for k in todo:
-        point, cfg = points[k]
-        tp = time.perf_counter()
-        theory = point_theory(cfg, n_pi=n_pi, pi_seed=pi_seed, cache=cache)
-        rec = {"index": k, "point": point, "theory": theory}
-        if flow:
-            traj, report = run_point(cfg, out / "runs" / point_dirname(k, point), check=True,
-                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=not overwrite,
-                                     overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
-            rec["flow"] = point_flow(traj, report)
-        walls.append(time.perf_counter() - tp)
-        rec["wall_s"] = walls[-1]
+    run_dirs = {k: out / "runs" / point_dirname(k, points[k][0]) for k in todo}
+
+    def accept(k, res):
+        point = points[k][0]
+        rec, files = res["rec"], res.get("files")
+        if files is not None:  # computed in a worker: this process writes its run folder
+            with lock(run_dirs[k]):
+                put_folder_files(run_dirs[k], files, replace=STALE_FILES if overwrite else ())
+        walls.append(rec["wall_s"])
         atomic_write_text(out / "points" / f"{k:05d}.json", json.dumps(rec, indent=1, default=str))
         done[k] = rec
         rows = [phase_row(done[j]) for j in mine if j in done]
@@ -464,10 +513,29 @@ def run_phase(
         if verbose:
             where = ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
             fl = f", flow selected {rec['flow']['selected']}" if flow else ""
-            print(f"point {k + 1}/{len(points)} ({where}): S* {theory['S_star']}, argmax J {theory['argmax_J']}"
-                  f"{fl}, {walls[-1]:.2f} s", flush=True)  # fmt: skip
+            print(f"point {k + 1}/{len(points)} ({where}): S* {rec['theory']['S_star']}, argmax J "
+                  f"{rec['theory']['argmax_J']}{fl}, {rec['wall_s']:.2f} s", flush=True)  # fmt: skip
         if on_point is not None:
             on_point(k)
+
+    with open_executor(executor) as engine:
+        if engine is None:  # this process: the points share one cache, the runs are written in place
+            def task(k):
+                rec = point_record(k, *points[k], flow=flow, n_pi=n_pi, pi_seed=pi_seed, overwrite=overwrite,
+                                   cache=cache, run_dir=run_dirs[k])  # fmt: skip
+                return {"rec": rec}
+            lost = run_points(None, task, [(k, k) for k in todo], accept)
+        else:
+            tasks = [(k, {"index": k, "point": points[k][0], "config": points[k][1].to_dict(), "flow": flow,
+                          "n_pi": n_pi, "pi_seed": pi_seed, "overwrite": overwrite,
+                          "files": folder_files(run_dirs[k]) if flow and not overwrite else {}})
+                     for k in todo]  # fmt: skip
+            lost = run_points(engine, phase_task, tasks, accept, verbose=verbose)
+    if lost:
+        rows = [phase_row(done[j]) for j in mine if j in done]
+        _write_csv(csv_path, fields, rows, flow)
+        res = PhaseResult(fields, rows, out, csv_path, False, time.perf_counter() - t0, walls)
+        raise GridIncomplete(f"phase grid {out}", lost, res, "run the same command again to compute them")
     rows = [phase_row(done[j]) for j in mine]
     _write_csv(csv_path, fields, rows, flow)
     if sh is None:
