@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -331,8 +332,10 @@ def point_record(k: int, point: dict, cfg: Config, *, flow: bool, n_pi: int, pi_
     return rec
 
 
-# What the points computed by one worker process share (as one serial run's points do).
+# What the points computed by one worker process share (as one serial run's points do); a
+# worker running several tasks at once in threads runs them one at a time here.
 _WORKER_CACHE = _Cache()
+_WORKER_LOCK = threading.Lock()
 
 
 def phase_task(payload: dict[str, Any]) -> dict[str, Any]:
@@ -342,7 +345,7 @@ def phase_task(payload: dict[str, Any]) -> dict[str, Any]:
     folder; **returns** ``{"rec": …, "files": …}`` (the record and, with ``flow``, the run
     folder's files) for the coordinator to write."""
     cfg = from_dict(payload["config"])
-    with scratch_folder(payload["files"]) as d:
+    with _WORKER_LOCK, scratch_folder(payload["files"]) as d:
         rec = point_record(payload["index"], payload["point"], cfg, flow=payload["flow"], n_pi=payload["n_pi"],
                            pi_seed=payload["pi_seed"], overwrite=payload["overwrite"], cache=_WORKER_CACHE,
                            run_dir=d)  # fmt: skip
