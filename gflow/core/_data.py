@@ -266,7 +266,7 @@ def sample_kernels(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.floa
     return jax.random.dirichlet(key, alpha, dtype=dtype)
 
 
-def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> Sample:
+def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int | None = None) -> Sample:
     """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (docs/theory/mathematics.md §M1).
 
     Vectorised over sequences; a single ``lax.scan`` over positions. The
@@ -274,14 +274,69 @@ def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> 
     (``start="stationary"``) or are i.i.d. uniform (``"uniform"``); then
     ``burn_in`` steps are run and discarded before ``x_1``.
     Deterministic in ``key``.
+
+    `steps`: run the chain for that many steps (at least :func:`chain_steps`, the
+    ``burn_in + L + 1 − p_k`` the sample uses) and keep the sample's part: the same
+    sample bit for bit, as every step's key is the same whatever the length (JAX's
+    partitionable Threefry splits are prefix-stable). So one compiled chain (and one
+    draw, :func:`draw_chain` and :func:`sample_from_chain`) serves every ``L`` and
+    ``burn_in`` up to it.
     """
     if int(N) < 1:
         raise ValueError(f"estimator.N must be a positive integer, got {N!r}")
-    return _sample(cfg, int(N), key, dtype)
+    need = chain_steps(cfg)
+    if steps is not None and int(steps) < need:
+        raise ValueError(f"steps must be at least burn_in + L + 1 - p_k = {need}, got {steps!r}")
+    T = need if steps is None or not chain_prefix_stable() else int(steps)  # the same sample either way
+    return sample_from_chain(draw_chain(cfg, int(N), key=key, dtype=dtype, steps=T), cfg)
+
+
+def chain_prefix_stable() -> bool:
+    """Whether a longer chain holds the shorter one as its prefix: JAX's partitionable Threefry
+    (``jax_threefry_partitionable``, the default), whose ``split(key, n)[i]`` does not depend on n."""
+    return bool(jax.config.jax_threefry_partitionable)
+
+
+def chain_steps(cfg: DataConfig) -> int:
+    """The chain steps a sample of `cfg` uses after its first ``p_k`` tokens: ``burn_in + L + 1 − p_k``."""
+    return cfg.burn_in + cfg.L + 1 - cfg.m
+
+
+def chain_key(cfg: DataConfig) -> DataConfig:
+    """`cfg` without what only selects a part of the chain (``L``, ``burn_in``): configurations with one
+    chain key and one seed share their chain (:func:`draw_chain`)."""
+    return DataConfig(d=cfg.d, parents=cfg.parents, alpha=cfg.alpha, L=cfg.m, start=cfg.start, burn_in=0,
+                      kernel=None if cfg.kernel is None else cfg.kernel.array)  # fmt: skip
+
+
+class Chain(eqx.Module):
+    """``N`` runs of the chain (:func:`draw_chain`): `pi` each run's kernel ``(N, d**k, d)`` and
+    `tokens` its first ``p_k`` tokens and then ``steps`` more, ``(N, p_k + steps)``."""
+
+    pi: Float[Array, "N K d"]
+    tokens: Int[Array, "N T"]
+
+
+def draw_chain(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int) -> Chain:
+    """The kernels, the start and `steps` steps of the chain of :func:`sample` (compiled once per
+    :func:`chain_key`, ``N``, dtype and `steps`; ``L`` and ``burn_in`` do not enter)."""
+    return _chain(chain_key(cfg), int(N), key, dtype, int(steps))
+
+
+def sample_from_chain(chain: Chain, cfg: DataConfig) -> Sample:
+    """The sample of `cfg` in a chain drawn for at least :func:`chain_steps` steps: tokens
+    ``burn_in … burn_in + L`` of each run (integer slices and a gather, exact)."""
+    d, L, b = cfg.d, cfg.L, cfg.burn_in
+    full = chain.tokens[:, b : b + L + 1]  # (N, L+1)
+    zw = jnp.asarray(d ** np.arange(cfg.k - 1, -1, -1), jnp.int32)
+    X, y = full[:, :L], full[:, L]
+    zq = (full[:, [L - p for p in cfg.parents]] * zw).sum(-1)
+    cond = chain.pi[jnp.arange(full.shape[0]), zq]
+    return Sample(X=X, y=y, zq=zq, cond=cond, pi=chain.pi)
 
 
 @eqx.filter_jit
-def _sample(cfg: DataConfig, N: int, key, dtype):
+def _chain(cfg: DataConfig, N: int, key, dtype, n_steps: int):
     d, m, k = cfg.d, cfg.m, cfg.k
     kpi, kstart, kchain = jax.random.split(key, 3)
     pi = sample_kernels(cfg, N, key=kpi, dtype=dtype)
@@ -292,7 +347,6 @@ def _sample(cfg: DataConfig, N: int, key, dtype):
     else:
         win0 = jax.random.randint(kstart, (N, m), 0, d)
     win0 = win0.astype(jnp.int32)
-    n_steps = cfg.burn_in + cfg.L + 1 - m
     logpi = jnp.log(pi)
     zw = jnp.asarray(d ** np.arange(k - 1, -1, -1), jnp.int32)
     cols = np.array([m - p for p in cfg.parents])
@@ -305,11 +359,7 @@ def _sample(cfg: DataConfig, N: int, key, dtype):
         return win, x
 
     _, xs = jax.lax.scan(step, win0, jax.random.split(kchain, n_steps))
-    full = jnp.concatenate([win0, xs.T], axis=1)[:, cfg.burn_in :]  # (N, L+1)
-    X, y = full[:, : cfg.L], full[:, cfg.L]
-    zq = (full[:, [cfg.L - p for p in cfg.parents]] * zw).sum(-1)
-    cond = pi[rows, zq]
-    return Sample(X=X, y=y, zq=zq, cond=cond, pi=pi)
+    return Chain(pi=pi, tokens=jnp.concatenate([win0, xs.T], axis=1))
 
 
 # ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from . import _model
-from ._data import DataConfig, sample
+from ._data import DataConfig, Sample, sample
 from ._model import (
     CountFeatures,
     HeadFeatures,
@@ -585,6 +585,7 @@ def make_loss(
     estimator: EstimatorConfig = EstimatorConfig(),
     *,
     key: PRNGKeyArray | None = None,
+    drawn: Sample | None = None,
 ) -> PopulationLoss:
     """Draw the common random numbers and build ``L̂_N``.
 
@@ -596,13 +597,15 @@ def make_loss(
     working memory. ``estimator.target = "drawn"`` replaces ``π(·|z_q)`` by
     ``e(y)`` (the sample's own ``x_{L+1}``). The counts layout tabulates the
     ``(d+1)**model.span`` windows of every offset the copier reads; the
-    sparse layout only the windows a sequence can show.
+    sparse layout only the windows a sequence can show. `drawn`: that sample, when the
+    caller already holds it (a grid's points take theirs from a shared chain,
+    :func:`gflow.core.sample_from_chain`: the same sample bit for bit); it is not drawn again.
     """
     if key is None:
         key = jax.random.key(estimator.seed)
     dt = estimator.jdtype
     layout = resolve_layout(estimator.layout, data.d, model.span)
-    smp = sample(data, estimator.N, key=key, dtype=jnp.float64)
+    smp = sample(data, estimator.N, key=key, dtype=jnp.float64) if drawn is None else drawn
     if estimator.target == "drawn":
         smp = eqx.tree_at(lambda s: s.cond, smp, jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype))
     feats = features(smp, model, layout=layout, dtype=dt)

@@ -76,7 +76,7 @@ import numpy as np
 
 from .._util import atomic_write_text, format_cell, write_csv
 from ..config import Config, from_dict
-from ..core import init_params, make_loss, subset_label
+from ..core import init_params, subset_label
 from ..figures import phase_row, plot_phase
 from ..theory import (
     TIE_RTOL,
@@ -97,6 +97,7 @@ from ._executor import (
     scratch_folder,
 )
 from ._folder import STALE_FILES, lock
+from ._samples import SampleBank, worker_bank
 from ._sweep import headline, point_dirname, run_point, show_value, sweep_points
 
 __all__ = [
@@ -169,10 +170,11 @@ class _Cache:
     model and estimator; the last ``_SAMPLES_KEPT`` used) and Stage III laws
     (by sample and set)."""
 
-    def __init__(self):
+    def __init__(self, bank: SampleBank | None = None):
         self.ranking: dict[str, Any] = {}
         self.loss: OrderedDict[str, Any] = OrderedDict()
         self.law: dict[str, Any] = {}
+        self.bank = SampleBank() if bank is None else bank  # the samples, from chains shared over L and burn_in
 
 
 def _f(x) -> float | None:
@@ -223,7 +225,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     if lk not in cache.loss:
         while len(cache.loss) >= _SAMPLES_KEPT:
             cache.loss.popitem(last=False)
-        cache.loss[lk] = make_loss(cfg.data, cfg.model, cfg.estimator)
+        cache.loss[lk] = cache.bank.loss(cfg)  # make_loss(cfg.data, cfg.model, cfg.estimator), bit for bit
     loss = cache.loss[lk]
     cache.loss.move_to_end(lk)
 
@@ -346,6 +348,7 @@ def phase_task(payload: dict[str, Any]) -> dict[str, Any]:
     folder's files) for the coordinator to write."""
     cfg = from_dict(payload["config"])
     with _WORKER_LOCK, scratch_folder(payload["files"]) as d:
+        _WORKER_CACHE.bank = worker_bank(cfg, payload["steps"])
         rec = point_record(payload["index"], payload["point"], cfg, flow=payload["flow"], n_pi=payload["n_pi"],
                            pi_seed=payload["pi_seed"], overwrite=payload["overwrite"], cache=_WORKER_CACHE,
                            run_dir=d)  # fmt: skip
@@ -493,10 +496,10 @@ def run_phase(
     atomic_write_text(jpath, json.dumps(defn, indent=1, default=str))
     done = _load_points([out])
     csv_path = out / ("phase.csv" if sh is None else f"phase.shard{sh[0]}of{sh[1]}.csv")
-    cache = _Cache()
     t0 = time.perf_counter()
     walls = []
     todo = [k for k in mine if k not in done]
+    cache = _Cache(SampleBank([points[k][1] for k in todo]))
     if verbose:
         print(f"{len(points)} points ({len(mine)} in this shard), {len(mine) - len(todo)} already done",
               flush=True)  # fmt: skip
@@ -531,6 +534,7 @@ def run_phase(
         else:
             tasks = [(k, {"index": k, "point": points[k][0], "config": points[k][1].to_dict(), "flow": flow,
                           "n_pi": n_pi, "pi_seed": pi_seed, "overwrite": overwrite,
+                          "steps": cache.bank.steps_for(points[k][1]),
                           "files": folder_files(run_dirs[k]) if flow and not overwrite else {}})
                      for k in todo]  # fmt: skip
             lost = run_points(engine, phase_task, tasks, accept, verbose=verbose)
