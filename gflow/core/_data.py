@@ -318,9 +318,14 @@ class Chain(eqx.Module):
 
 
 def draw_chain(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int) -> Chain:
-    """The kernels, the start and `steps` steps of the chain of :func:`sample` (compiled once per
-    :func:`chain_key`, ``N``, dtype and `steps`; ``L`` and ``burn_in`` do not enter)."""
-    return _chain(chain_key(cfg), int(N), key, dtype, int(steps))
+    """The kernels, the start and `steps` steps of the chain of :func:`sample`: two compiled programs,
+    the kernels' (once per ``d``, parents, ``α``, kernel, ``N`` and dtype) and the walk's (once per
+    ``d``, parents, start law, ``N``, dtype and `steps`); ``L`` and ``burn_in`` enter neither, ``α``
+    only the first (a traced ``α`` would change the kernels in their last bits: XLA folds the
+    constant)."""
+    ck = chain_key(cfg)
+    walk = DataConfig(d=ck.d, parents=ck.parents, L=ck.m, start=ck.start)  # the walk reads only these
+    return _walk(walk, _kernels(ck, int(N), key, dtype), key, int(steps))
 
 
 def sample_from_chain(chain: Chain, cfg: DataConfig) -> Sample:
@@ -336,10 +341,15 @@ def sample_from_chain(chain: Chain, cfg: DataConfig) -> Sample:
 
 
 @eqx.filter_jit
-def _chain(cfg: DataConfig, N: int, key, dtype, n_steps: int):
+def _kernels(cfg: DataConfig, N: int, key, dtype):
+    return sample_kernels(cfg, N, key=jax.random.split(key, 3)[0], dtype=dtype)
+
+
+@eqx.filter_jit
+def _walk(cfg: DataConfig, pi, key, n_steps: int):
+    N = pi.shape[0]
     d, m, k = cfg.d, cfg.m, cfg.k
-    kpi, kstart, kchain = jax.random.split(key, 3)
-    pi = sample_kernels(cfg, N, key=kpi, dtype=dtype)
+    _, kstart, kchain = jax.random.split(key, 3)
     if cfg.start == "stationary":
         mu = jax.vmap(lambda p: stationary_window(p, cfg))(pi)  # (N, d**m)
         code = jax.random.categorical(kstart, jnp.log(mu), axis=-1)

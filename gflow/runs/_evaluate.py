@@ -46,6 +46,7 @@ from ..figures import plot_eval
 from ..theory import RUNGS, Ladder, loss_ladder
 from ..trajectory import Trajectory, load, selected_set
 from ._executor import GridIncomplete, check_executor, open_executor, run_points
+from ._samples import SampleBank, worker_bank
 from ._sweep import parse_param, sweep_points
 
 __all__ = ["EVAL_KEYS", "EvalResult", "eval_point", "eval_task", "evaluate", "plot_eval"]
@@ -185,6 +186,7 @@ def evaluate(
     S = _selected_set(traj)
 
     found: dict[int, tuple[dict, Ladder]] = {}
+    bank = SampleBank([pc for _, pc in points])  # points differing in L or burn_in: one chain
 
     def accept(k, res):
         row, lad = res
@@ -197,12 +199,12 @@ def evaluate(
 
     with open_executor(executor) as engine:
         if engine is None:
-            lost = run_points(None, lambda k: eval_point(cfg, points[k][1], theta, S),
+            lost = run_points(None, lambda k: eval_point(cfg, points[k][1], theta, S, bank),
                               [(k, k) for k in range(len(points))], accept)  # fmt: skip
         else:
             last = {"w": np.asarray(traj.w[-1]), "C": np.asarray(traj.C[-1]), "a": np.asarray(traj.a[-1])}
-            tasks = [(k, {"run_config": cfg.to_dict(), "config": pc.to_dict(), "theta": last, "S": S})
-                     for k, (_, pc) in enumerate(points)]  # fmt: skip
+            tasks = [(k, {"run_config": cfg.to_dict(), "config": pc.to_dict(), "theta": last, "S": S,
+                          "steps": bank.steps_for(pc)}) for k, (_, pc) in enumerate(points)]  # fmt: skip
             lost = run_points(engine, eval_task, tasks, accept, verbose=verbose)
     if lost:
         raise GridIncomplete("evaluation", lost, None, "run it again")
@@ -223,12 +225,17 @@ def evaluate(
     return res
 
 
-def eval_point(cfg: Config, pcfg: Config, theta: Params, S: tuple[int, ...]) -> tuple[dict[str, Any], Ladder]:
+def eval_point(cfg: Config, pcfg: Config, theta: Params, S: tuple[int, ...],
+               bank: SampleBank | None = None) -> tuple[dict[str, Any], Ladder]:  # fmt: skip
     """θ of a run of configuration `cfg` on the data of `pcfg` (one point of :func:`evaluate`):
-    its sample drawn as the run's estimator draws it, the loss ladder with the GIH of `S`.
+    its sample drawn as the run's estimator draws it (``sample(data, N, key=jax.random.key(seed))``,
+    from `bank`'s shared chain if given: the same sample), the loss ladder with the GIH of `S`.
     **Returns** the point's row (without the point's values) and its :class:`Ladder`."""
     est = pcfg.estimator
-    smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
+    if bank is None:
+        smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
+    else:
+        smp = bank.sample(pcfg)
     layout = resolve_layout(est.layout, pcfg.data.d, cfg.model.M)
     feats = features(smp, cfg.model, layout=layout, dtype=est.jdtype)
     loss = PopulationLoss(
@@ -256,7 +263,8 @@ def eval_task(payload: dict[str, Any]) -> tuple[dict[str, Any], Ladder]:
     dt = cfg.estimator.jdtype
     th = payload["theta"]
     theta = Params(w=jnp.asarray(th["w"], dt), C=jnp.asarray(th["C"], dt), a=jnp.asarray(th["a"], dt))
-    return eval_point(cfg, from_dict(payload["config"]), theta, tuple(payload["S"]))
+    pcfg = from_dict(payload["config"])
+    return eval_point(cfg, pcfg, theta, tuple(payload["S"]), worker_bank(pcfg, payload["steps"]))
 
 
 def _write_csv(res: EvalResult, path: Path) -> Path:

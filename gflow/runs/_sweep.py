@@ -65,6 +65,7 @@ from ._executor import (
     scratch_folder,
 )
 from ._folder import STALE_FILES, check_run, integrate, lock
+from ._samples import SampleBank, worker_bank
 
 __all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points", "sweep_task"]
 
@@ -376,15 +377,18 @@ def run_sweep(
             print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
                   + f" -> {d}", flush=True)  # fmt: skip
         traj, report = run_point(cfg, d, check=check, check_kwargs=check_kwargs, resume=resume,
-                                 overwrite=overwrite, verbose=verbose)  # fmt: skip
+                                 overwrite=overwrite, verbose=verbose, loss=bank.loss(cfg))  # fmt: skip
         return {"headline": headline(traj, report)}
+
+    bank = SampleBank([cfg for _, cfg in points])  # points differing in L or burn_in: one chain
 
     with open_executor(executor) as engine:
         if engine is None:
             lost = run_points(None, here, [(k, k) for k in range(len(points))], accept)
         else:
             tasks = [(k, {"config": cfg.to_dict(), "check": check, "check_kwargs": check_kwargs, "resume": resume,
-                          "overwrite": overwrite, "files": folder_files(d) if resume else {}})
+                          "overwrite": overwrite, "steps": bank.steps_for(cfg),
+                          "files": folder_files(d) if resume else {}})
                      for k, ((_, cfg), d) in enumerate(zip(points, dirs))]  # fmt: skip
             lost = run_points(engine, sweep_task, tasks, accept, verbose=verbose)
     rows = [found[k] for k in sorted(found)]
@@ -400,8 +404,9 @@ def sweep_task(payload: dict[str, Any]) -> dict[str, Any]:
     …, "files": …}`` for the coordinator to write."""
     cfg = from_dict(payload["config"])
     with scratch_folder(payload["files"]) as d:
+        loss = worker_bank(cfg, payload["steps"]).loss(cfg)
         traj, report = run_point(cfg, d, check=payload["check"], check_kwargs=payload["check_kwargs"],
-                                 resume=payload["resume"], overwrite=payload["overwrite"])  # fmt: skip
+                                 resume=payload["resume"], overwrite=payload["overwrite"], loss=loss)  # fmt: skip
         return {"headline": headline(traj, report), "files": folder_files(d)}
 
 
