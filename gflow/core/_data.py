@@ -330,13 +330,19 @@ def draw_chain(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64,
 
 def sample_from_chain(chain: Chain, cfg: DataConfig) -> Sample:
     """The sample of `cfg` in a chain drawn for at least :func:`chain_steps` steps: tokens
-    ``burn_in … burn_in + L`` of each run (integer slices and a gather, exact)."""
+    ``burn_in … burn_in + L`` of each run (integer slices and a gather, exact; on the host,
+    nothing to compile, unless the chain is traced)."""
     d, L, b = cfg.d, cfg.L, cfg.burn_in
-    full = chain.tokens[:, b : b + L + 1]  # (N, L+1)
-    zw = jnp.asarray(d ** np.arange(cfg.k - 1, -1, -1), jnp.int32)
+    xp = jnp if isinstance(chain.tokens, jax.core.Tracer) else np
+    tokens = chain.tokens if xp is jnp else np.asarray(chain.tokens)
+    pi = chain.pi if xp is jnp else np.asarray(chain.pi)
+    full = tokens[:, b : b + L + 1]  # (N, L+1)
+    zw = xp.asarray(d ** np.arange(cfg.k - 1, -1, -1), np.int32)
     X, y = full[:, :L], full[:, L]
-    zq = (full[:, [L - p for p in cfg.parents]] * zw).sum(-1)
-    cond = chain.pi[jnp.arange(full.shape[0]), zq]
+    zq = (full[:, [L - p for p in cfg.parents]] * zw).sum(-1)  # int64 with x64, as jnp's sum
+    cond = pi[xp.arange(full.shape[0]), zq]
+    if xp is np:
+        X, y, zq, cond = (jnp.asarray(np.ascontiguousarray(v)) for v in (X, y, zq, cond))
     return Sample(X=X, y=y, zq=zq, cond=cond, pi=chain.pi)
 
 

@@ -315,12 +315,21 @@ def _failure(result, ok: bool, sc, name: str) -> str:
     return f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
 
 
-@eqx.filter_jit
 def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
-    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
+    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start: two
+    programs, so that the gradient's (the same shapes in every stage) compiles once a run."""
+    return _stage_loss(loss, y, moves), _grad_is_finite(loss, y)
+
+
+@eqx.filter_jit
+def _grad_is_finite(loss: PopulationLoss, y: Params):
     g = loss.grad(y)
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
-    return StageLoss(loss, y, moves), finite
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+
+
+@eqx.filter_jit
+def _stage_loss(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
+    return StageLoss(loss, y, moves)
 
 
 _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's start "
