@@ -508,12 +508,22 @@ def _run(args, cfg, out: Path) -> int:
         print(_COMPILING, flush=True)
     t0 = time.perf_counter()
     outputs = _outputs(args) + ([f"figures/seeds.{args.format}"] if cfg.solver.is_stochastic and not args.no_plot else [])
+    box, start = [], None
+    if not (args.no_check or args.no_plot or args.resume):  # the report's theory, while the run integrates
+        from .runs import TheoryAhead
+
+        start = lambda loss: box.append(TheoryAhead(cfg, loss))  # noqa: E731
     try:
         traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet,
-                         outputs=outputs)  # fmt: skip
-    except FlowError as e:
+                         outputs=outputs, on_loss=start)  # fmt: skip
+    except BaseException as e:
+        for a in box:
+            a.join()  # nothing of the run outlives the command (its settings are restored when it ends)
+        if not isinstance(e, FlowError):
+            raise
         print(f"gflow run: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    ahead = box[0] if box else None
     if not args.quiet:
         for st in traj.stages:
             print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
@@ -523,7 +533,8 @@ def _run(args, cfg, out: Path) -> int:
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
     ok = True
     if not args.no_check and not args.no_plot:
-        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
+        ok = _check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None,
+                             ahead=ahead)  # fmt: skip
     elif not args.no_check:
         ok = _check(out, quiet=args.quiet)
     elif not args.no_plot:
@@ -693,7 +704,8 @@ def _check(out: Path, *, quiet: bool) -> bool:
     return _print_verdict(rep, quiet)
 
 
-def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> bool:
+def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None,
+                    ahead=None) -> bool:  # fmt: skip
     """``gflow run``'s check report and figures, under one lock, overlapped: the run's theory
     first (both need it), then the figures are drawn in a second thread while the report's
     rows are computed. Drawing is Python (matplotlib holds the interpreter lock) and the
@@ -710,8 +722,9 @@ def _check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum:
     check_output(figdir)
     with lock(out):
         cfg = traj.config
-        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-        theory, how = load_or_compute(out, traj, loss=loss, write=True)
+        # `ahead` (gflow.runs.TheoryAhead): the theory computed while the run integrated, on its sample
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator) if ahead is None else ahead.loss
+        theory, how = load_or_compute(out, traj, loss=loss, write=True, ahead=ahead)
         with ThreadPoolExecutor(max_workers=1) as pool:
             figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory, spectrum=spectrum)
             rep = check_run(out, loss=loss, theory=(theory, how))

@@ -10,6 +10,7 @@ from ._export_cache import cached_call as cached_call
 from ._export_cache import disable_export_cache as disable_export_cache
 from ._export_cache import enable_export_cache as enable_export_cache
 from ._export_cache import export_cache_folder as export_cache_folder
+from ._export_cache import prepare_call as prepare_call
 from ._export_cache import source_fingerprint as source_fingerprint
 from ._fit import linear_fit as linear_fit
 from ._fit import log_slope as log_slope

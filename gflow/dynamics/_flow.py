@@ -25,6 +25,7 @@ be resumed.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import diffrax
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import STAGE_CODES, cached_call, versions
+from .._util import STAGE_CODES, cached_call, prepare_call, versions
 from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss
 from ..trajectory import WRITING, StageRecord, Trajectory
@@ -93,7 +94,7 @@ def params_from(traj: Trajectory, i: int, dtype) -> Params:
 # The options of :func:`gflow.integrate` that both engines (the flow's, the stochastic methods')
 # take, with their defaults; they are documented there.
 RUN_OPTIONS = {"resume": False, "overwrite": False, "loss": None, "params0": None, "verbose": False,
-               "throw": True, "outputs": None}  # fmt: skip
+               "throw": True, "outputs": None, "on_loss": None}  # fmt: skip
 
 
 def run_options(options: dict) -> dict:
@@ -122,7 +123,8 @@ def integrate(config: Config = Config(), *, out=None, **options) -> Trajectory:
             raise
 
 
-def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None) -> Trajectory:
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None,
+               on_loss=None) -> Trajectory:  # fmt: skip
     cfg = config
     dtype = cfg.estimator.jdtype
     t_wall = time.perf_counter()
@@ -146,6 +148,8 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
             out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if on_loss is not None:  # the request is valid and its sample drawn (the command line starts its theory)
+        on_loss(loss)
 
     if resume:
         traj.config = cfg
@@ -163,16 +167,23 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         _append(traj, loss, np.zeros(1), {b: np.asarray(getattr(y, b))[None] for b in ("w", "C", "a")},
                 stage_index=index_of_stage(plan[0][0]))  # fmt: skip
 
-    for name, duration in plan:
-        rec = stage_record(traj, name, duration, t)
-        if rec is None:
-            continue
-        try:
-            y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
-        except FlowError as e:
-            if throw:
-                raise
-            return e.trajectory
+    ahead = prepare_stages(cfg, traj, loss, y)
+    try:
+        for name, duration in plan:
+            rec = stage_record(traj, name, duration, t)
+            if rec is None:
+                continue
+            if ahead is not None:
+                ahead.wait(name, tuple(rec.selected or ()))
+            try:
+                y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+            except FlowError as e:
+                if throw:
+                    raise
+                return e.trajectory
+    finally:
+        if ahead is not None:
+            ahead.join()
 
     traj.status = "complete"
     if outputs and out is not None:  # complete once the caller has written (and recorded) them
@@ -532,6 +543,82 @@ def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_
     return Params(**{b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
 
 
+def _solve_options(cfg: Config, name: str, event_stage, heads, steady: bool, steady_args) -> dict:
+    """The static options of a stage's :func:`solve_segment` (and ``t_stage0``)."""
+    sc = cfg.solver
+    return dict(method=ode_method(sc.method_for(name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress, steady=steady,
+                t_stage0=steady_args)  # fmt: skip
+
+
+class AheadOfTime:
+    """The compiled solves of Stages II and III, made in a background thread while Stage I runs (a
+    cold start's head start; :func:`prepare_stages`). Stage III's shapes and static options do not
+    depend on the earlier stages; Stage II's heads are Stage I's selection, predicted here as the set
+    whose selector weight grows fastest at the start (``argmax −∂L̂/∂C_S / C_S``, the first row of
+    the trajectory): when Stage I selects another set, Stage II compiles its own program as before.
+    The programs are the ones the stages then call (:func:`gflow._util.prepare_call`): nothing
+    changes but when they are compiled."""
+
+    def __init__(self, heads: tuple[int, ...]):
+        self.heads = heads
+        self.ready = {"II": threading.Event(), "III": threading.Event()}
+        self.thread: threading.Thread | None = None
+
+    def join(self) -> None:
+        """Wait for the thread (the integration does before it returns or raises: nothing of it
+        outlives the run, e.g. the command line's settings, restored when it ends)."""
+        if self.thread is not None:
+            self.thread.join()
+
+    def wait(self, name: str, heads: tuple[int, ...]) -> None:
+        """Before stage `name`'s first solve: wait for its program when it is the one prepared."""
+        if name in self.ready and (name == "III" or heads == self.heads):
+            self.ready[name].wait()
+
+
+def prepare_stages(cfg: Config, traj: Trajectory, loss: PopulationLoss, y: Params) -> AheadOfTime | None:
+    """Start :class:`AheadOfTime` for a staged run from its start (``None`` for anything else: the
+    joint schedule, a host-counted solver, the progress meter, or a resumed run)."""
+    sc = cfg.solver
+    if cfg.schedule.kind != "staged" or sc.progress or StageRun.host_count or traj.stages or len(traj.ts) != 1:
+        return None
+    if any(sc.method_for(n) not in ("tsit5", "gd", "modified") for n in ("II", "III")):
+        return None
+    dtype = cfg.estimator.jdtype
+    C0, gC0 = np.asarray(traj.C[0]), np.asarray(traj.grad_C[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(C0 != 0, -gC0 / np.where(C0 != 0, C0, 1.0), -np.inf)
+    heads = tuple(int(h) for h in cfg.model.subsets[int(np.argmax(rate))])
+    ahead = AheadOfTime(heads)
+
+    def one(name: str, heads: tuple[int, ...]) -> None:
+        grid = save_grid(0.0, float(cfg.schedule.durations[("I", "II", "III").index(name)]), cfg)
+        seg = split_segments(grid, sc.save_per_decade)[0]
+        moves = _STAGES[name]
+        event_stage = name if cfg.schedule.events and name == "II" and heads else None
+        steady = event_stage is not None and sc.method_for(name) != "gd"
+        y0 = {b: jnp.asarray(np.asarray(getattr(y, b)), dtype) for b in moves}
+        t_stage0 = (as_f64(0.0), event_coordinates(name, y0, heads)) if steady else None
+        vf = VectorField(stage_loss=_stage_loss(loss, y, moves), scale=block_scales(cfg, moves, dtype), tag=None,
+                         sign_C=None, eta_mod=modified_eta(cfg, name, dtype))  # fmt: skip
+        prepare_call(solve_segment, (vf, y0, as_f64(0.0), as_f64(seg[-1]), as_f64(seg), as_f64(sc.eta),
+                                     fresh_carry(dtype)), _solve_options(cfg, name, event_stage, heads, steady, t_stage0))
+
+    def work():
+        for name, h in (("II", heads), ("III", ())):
+            try:
+                one(name, h)
+            except Exception:  # noqa: BLE001 (a head start only: the stage compiles its program itself)
+                pass
+            finally:
+                ahead.ready[name].set()
+
+    ahead.thread = threading.Thread(target=work, name="gflow-ahead-of-time")
+    ahead.thread.start()
+    return ahead
+
+
 def _solves(run: StageRun, loss, sl, finite0) -> None:
     cfg, traj = run.cfg, run.traj
     dtype = cfg.estimator.jdtype
@@ -547,9 +634,7 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = cached_call(solve_segment, (
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
-                carry), dict(method=ode_method(sc.method_for(run.name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
-                delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
-                steady=run.steady, t_stage0=steady_args), result_at=2,
+                carry), _solve_options(cfg, run.name, run.event_stage, run.heads, run.steady, steady_args), result_at=2,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:

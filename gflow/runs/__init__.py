@@ -11,6 +11,7 @@ from ._executor import EXECUTOR_FORMS as EXECUTOR_FORMS
 from ._executor import GridIncomplete as GridIncomplete
 from ._executor import check_executor as check_executor
 from ._folder import RunFolder as RunFolder
+from ._folder import TheoryAhead as TheoryAhead
 from ._folder import check_output as check_output
 from ._folder import check_run as check_run
 from ._folder import integrate as integrate

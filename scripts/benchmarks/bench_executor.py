@@ -43,7 +43,8 @@ def _run(toml: Path, out: Path, executor: str | None) -> float:
         cmd += ["--executor", executor]
     env = dict(os.environ, GFLOW_CACHE="none")
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    # cwd: not a source tree (`python -m` would import the gflow of the current folder before PYTHONPATH's)
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=out.parent)
     return time.perf_counter() - t0
 
 

@@ -40,7 +40,7 @@ def _scan(name: str, out: Path) -> tuple[float, float, float]:
     env = dict(os.environ, GFLOW_CACHE="none")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "gflow", "phase", "--param", SCANS[name], "--no-plot", "--quiet",
-                    "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+                    "--out", str(out)], check=True, env=env, stdout=subprocess.DEVNULL, cwd=out.parent)  # fmt: skip
     wall = time.perf_counter() - t0
     w = json.loads((out / "phase.json").read_text())["wall_s"]
     return wall, w[0], statistics.median(w[1:])
