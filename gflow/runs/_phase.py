@@ -37,9 +37,11 @@ which the loss has fallen halfway from its initial to its final value.
 ranking; points that share the sample (data, model, estimator) reuse one
 sample and one Stage III law per set; the initialisation (``w₊``, ``w₋``,
 ``c₀``, ``a₀``) enters as arrays, so such points reuse one compilation and
-pay only ``J``. Every data field is static to the sampler's compilation
-(``L`` changes its shapes; ``α``, ``d``, the parents are compile-time
-constants of ``gflow.data``): each new value compiles the sampler once.
+pay only ``J``. Points that differ only in ``L`` or ``burn_in`` take their
+samples from one chain drawn for the longest of them (:mod:`gflow.runs._samples`:
+the same samples bit for bit, one compilation); a new ``α`` compiles only the
+sampler's kernels (a traced ``α`` would change them in their last bits); ``d``
+and the parents change the shapes.
 
 **Outputs** in DIR: ``points/<k>.json`` (one per finished point: what makes
 a grid resumable — an interrupted grid recomputes only the missing points,
