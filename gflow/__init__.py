@@ -61,6 +61,7 @@ from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd
 from .runs import EvalResult as EvalResult
+from .runs import GridIncomplete as GridIncomplete
 from .runs import PhaseResult as PhaseResult
 from .runs import Replicates as Replicates
 from .runs import SweepResult as SweepResult

@@ -345,3 +345,24 @@ loss_value = eqx.filter_jit(lambda f, p: f(p))  # (value_and_grad is used where 
 loss_value_and_grad = eqx.filter_jit(lambda f, p: f.value_and_grad(p))
 loss_stats = eqx.filter_jit(lambda f, p: f.stats(p))
 loss_per_sequence = eqx.filter_jit(lambda f, p: f.per_sequence(p))
+
+
+# ---------------------------------------------------------------------------
+# A worker process that dies (tests/test_executor.py)
+# ---------------------------------------------------------------------------
+
+
+def kill_worker_once(marker: str, index: int, fn, *args):
+    """``fn(*args)`` as an executor's task; the task of grid point `index` then kills its own worker
+    process (SIGKILL, after computing the point and before handing it back) the first time it runs,
+    recording the pid in the file `marker`."""
+    import os
+    import signal
+    from pathlib import Path
+
+    out = fn(*args)
+    payload = args[-1]
+    if isinstance(payload, dict) and payload.get("index") == index and not Path(marker).exists():
+        Path(marker).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out

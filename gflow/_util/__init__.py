@@ -9,12 +9,16 @@ exported programs (``_export_cache``). Nothing here knows the model.
 from ._export_cache import cached_call as cached_call
 from ._export_cache import disable_export_cache as disable_export_cache
 from ._export_cache import enable_export_cache as enable_export_cache
+from ._export_cache import export_cache_folder as export_cache_folder
+from ._export_cache import prepare_call as prepare_call
+from ._export_cache import source_fingerprint as source_fingerprint
 from ._fit import PLATEAU_EXIT as PLATEAU_EXIT
 from ._fit import linear_fit as linear_fit
 from ._fit import log_slope as log_slope
 from ._fit import power_exponent as power_exponent
 from ._io import STAGE_CODES as STAGE_CODES
 from ._io import atomic_savefig as atomic_savefig
+from ._io import atomic_write_bytes as atomic_write_bytes
 from ._io import atomic_write_json as atomic_write_json
 from ._io import atomic_write_npz as atomic_write_npz
 from ._io import atomic_write_text as atomic_write_text

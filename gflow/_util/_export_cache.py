@@ -44,6 +44,7 @@ from ._io import versions
 _DIR: Path | None = None
 _NOT_EXPORTABLE: set[str] = set()
 _LOADED: dict[str, object] = {}
+_CALLERS: dict[str, object] = {}
 _FINGERPRINT: str | None = None
 _WARNED = False
 
@@ -97,6 +98,17 @@ def enable_export_cache(folder: str | os.PathLike) -> None:
 def disable_export_cache() -> None:
     global _DIR
     _DIR = None
+
+
+def export_cache_folder() -> Path | None:
+    """The folder :func:`enable_export_cache` named, or ``None`` when the cache is off."""
+    return _DIR
+
+
+def source_fingerprint() -> str:
+    """A hash of the installed versions (:func:`gflow._util.versions`) and of gflow's source: two
+    processes with the same fingerprint run the same code (a grid's workers are checked by it)."""
+    return _fingerprint()
 
 
 def _package_root() -> Path:
@@ -168,15 +180,49 @@ def cached_call(fn, args: tuple, kwargs: dict, *, result_at: int | None = None):
     # this, every stage compiled its program twice)
     dev = jax.devices()[0]
     try:
-        out = exp.call(*[jax.device_put(x, dev) for x in leaves])
+        out = _caller(key, exp)(*[jax.device_put(x, dev) for x in leaves])
     except Exception as e:  # a program that deserialized but cannot run: drop it, the uncached call
         _LOADED.pop(key, None)
+        _CALLERS.pop(key, None)
         _NOT_EXPORTABLE.add(key)
         _drop(_DIR / f"{key}.jaxexport", f"calling it failed: {type(e).__name__}")
         return fn(*args, **kwargs)
     if result_at is not None:
         out = tuple(_result_item(x) if i == result_at else x for i, x in enumerate(out))
     return out
+
+
+def _caller(key: str, exp):
+    """The jitted call of an exported program, one object per key (so that :func:`prepare_call`
+    can compile it ahead of the call)."""
+    c = _CALLERS.get(key)
+    if c is None or c[0] is not exp:  # a program loaded again (a damaged entry dropped) gets its own
+        c = _CALLERS[key] = (exp, jax.jit(exp.call))
+    return c[1]
+
+
+def prepare_call(fn, args: tuple, kwargs: dict) -> None:
+    """Trace, lower and compile what :func:`cached_call` of the same arguments will call, without
+    calling it: run ahead of the call (in another thread), the call then finds its program compiled
+    (same shapes, dtypes and static arguments; the values do not matter). Any failure only loses
+    that head start."""
+    try:
+        if _DIR is None or jax.device_count() != 1:
+            fn.lower(*args, **kwargs).compile()
+            return
+        dyn, static = eqx.partition((args, kwargs), eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dyn)
+        key = _key(getattr(fn, "__name__", repr(fn)), treedef, leaves, static)
+        exp = None if key in _NOT_EXPORTABLE else (_LOADED.get(key) or _load_or_export(key, fn, treedef, static, leaves))
+        if exp is None:
+            fn.lower(*args, **kwargs).compile()
+            return
+        _LOADED.setdefault(key, exp)
+        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        _caller(key, _LOADED[key]).lower(*[jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev)
+                                           for x in leaves]).compile()  # fmt: skip
+    except Exception:  # noqa: BLE001 (ahead-of-time work only: the call itself does it again)
+        return
 
 
 def _load_or_export(key: str, fn, treedef, static, leaves):

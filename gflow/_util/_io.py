@@ -65,6 +65,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and ``os.replace``, as
+    :func:`atomic_write_text`."""
+    path = Path(path)
+    tmp = _temporary(path)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def atomic_write_npz(path: str | Path, **arrays) -> None:
     """``np.savez`` of `arrays` to `path` (a name ending in ``.npz``) through a temporary
     file in the same folder and ``os.replace``, as :func:`atomic_write_text`."""

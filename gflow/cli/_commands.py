@@ -27,11 +27,16 @@ def cmd_phase_merge(args) -> int:
 
 def cmd_phase(args) -> int:
     from ..config import load_config
-    from ..runs import run_phase
+    from ..runs import GridIncomplete, run_phase
 
     cfg = load_config(args.config)
-    res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
-                    plot=not args.no_plot, overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_phase(cfg, args.param, args.out, flow=args.flow, shard=args.shard, n_pi=args.n_pi,
+                        plot=not args.no_plot, overwrite=args.overwrite, verbose=not args.quiet,
+                        executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow phase: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         n = len(res.point_walls)
@@ -84,6 +89,12 @@ def cmd_run(args) -> int:
         batch = B if B is not None else default_batch(cfg, R)
     elif args.replicates_batch is not None:
         raise ValueError("--replicates-batch needs --replicates R")
+    if args.executor is not None:
+        if args.replicates is None:
+            raise ValueError("--executor needs --replicates R (one run has no points to share out)")
+        from ..runs import check_executor
+
+        check_executor(args.executor)
     need, avail, where = preflight(cfg, replicates=batch)  # before any compute or folder
     warnings = _warnings(cfg)
     if args.dry_run:
@@ -137,12 +148,22 @@ def _run(args, cfg, out: Path) -> int:
         print(_COMPILING, flush=True)
     t0 = time.perf_counter()
     outputs = output_names(args) + ([f"figures/seeds.{args.format}"] if cfg.solver.is_stochastic and not args.no_plot else [])
+    box, start = [], None
+    if not (args.no_check or args.no_plot or args.resume):  # the report's theory, while the run integrates
+        from ..runs import TheoryAhead
+
+        start = lambda loss: box.append(TheoryAhead(cfg, loss))  # noqa: E731
     try:
         traj = integrate(cfg, out=out, resume=args.resume, overwrite=args.overwrite, verbose=not args.quiet,
-                         outputs=outputs)  # fmt: skip
-    except FlowError as e:
+                         outputs=outputs, on_loss=start)  # fmt: skip
+    except BaseException as e:
+        for a in box:
+            a.join()  # nothing of the run outlives the command (its settings are restored when it ends)
+        if not isinstance(e, FlowError):
+            raise
         print(f"gflow run: error: {e}", file=sys.stderr)
         return EXIT_FAILED
+    ahead = box[0] if box else None
     if not args.quiet:
         for st in traj.stages:
             print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
@@ -152,7 +173,8 @@ def _run(args, cfg, out: Path) -> int:
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")
     ok = True
     if not args.no_check and not args.no_plot:
-        ok = check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None)
+        ok = check_and_plot(out, out / "figures", args.format, quiet=args.quiet, spectrum=args.spectrum or None,
+                            ahead=ahead)  # fmt: skip
     elif not args.no_check:
         ok = check_folder(out, quiet=args.quiet)
     elif not args.no_plot:
@@ -193,19 +215,24 @@ def cmd_check(args) -> int:
 
 def cmd_sweep(args) -> int:
     from ..config import load_config
-    from ..runs import preflight, run_sweep, sweep_points
+    from ..runs import GridIncomplete, check_executor, preflight, run_sweep, sweep_points
 
     cfg = load_config(args.config)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
     for _, point in sweep_points(cfg, args.param):  # every point's memory, before any compute
         preflight(point)
+    check_executor(args.executor)
     out = Path(args.out)
     if not args.quiet:
         print(f"gflow sweep: {args.config or 'the paper default'} over {', '.join(args.param)} -> {out}",
               flush=True)  # fmt: skip
-    res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
-                    overwrite=args.overwrite, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_sweep(cfg, args.param, out, check=not args.no_check, resume=args.resume,
+                        overwrite=args.overwrite, verbose=not args.quiet, executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow sweep: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  {len(res.rows)} runs in {res.wall:.1f} s; table in {res.csv}")
@@ -221,7 +248,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from ..runs import evaluate, preflight, sweep_points
+    from ..runs import GridIncomplete, evaluate, preflight, sweep_points
     from ..trajectory import load
 
     try:  # every evaluated configuration's memory, before any compute (bad fields: evaluate names them)
@@ -231,8 +258,12 @@ def cmd_eval(args) -> int:
     for _, point in points:
         preflight(point)
 
-    res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
-                   verbose=not args.quiet)  # fmt: skip
+    try:
+        res = evaluate(args.dir, args.param, out=args.out or Path(args.dir) / "eval", plot=not args.no_plot,
+                       verbose=not args.quiet, executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow eval: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  run's final loss {res.run_loss:.6f}; {len(res.rows)} configurations in {res.wall:.1f} s; "
@@ -241,12 +272,17 @@ def cmd_eval(args) -> int:
 
 
 def _run_replicates(args, cfg, out: Path) -> int:
-    from ..runs import run_replicates
+    from ..runs import GridIncomplete, run_replicates
 
     if not args.quiet:
         print(f"gflow run: {args.config or 'the paper default'}, {args.replicates} replicates -> {out}", flush=True)
-    res = run_replicates(cfg, args.replicates, out=out, batch=args.replicates_batch, resume=args.resume,
-                         overwrite=args.overwrite, check=not args.no_check, verbose=not args.quiet)  # fmt: skip
+    try:
+        res = run_replicates(cfg, args.replicates, out=out, batch=args.replicates_batch, resume=args.resume,
+                             overwrite=args.overwrite, check=not args.no_check, verbose=not args.quiet,
+                             executor=args.executor)  # fmt: skip
+    except GridIncomplete as e:
+        print(f"gflow run: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not args.quiet:
         print(res.table())
         print(f"  bands and check spread in {out / 'replicates.json'}, {out / 'bands.npz'}, {out / 'replicates.md'}")

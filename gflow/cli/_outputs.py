@@ -47,7 +47,8 @@ def check_folder(out: Path, *, quiet: bool) -> bool:
     return print_verdict(rep, quiet)
 
 
-def check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None) -> bool:
+def check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: bool | None = None,
+                   ahead=None) -> bool:  # fmt: skip
     """``gflow run``'s check report and figures, under one lock, overlapped: the run's theory
     first (both need it), then the figures are drawn in a second thread while the report's
     rows are computed. Drawing is Python (matplotlib holds the interpreter lock) and the
@@ -64,8 +65,9 @@ def check_and_plot(out: Path, figdir: Path, fmt: str, *, quiet: bool, spectrum: 
     check_output(figdir)
     with lock(out):
         cfg = traj.config
-        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-        theory, how = load_or_compute(out, traj, loss=loss, write=True)
+        # `ahead` (gflow.runs.TheoryAhead): the theory computed while the run integrated, on its sample
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator) if ahead is None else ahead.loss
+        theory, how = load_or_compute(out, traj, loss=loss, write=True, ahead=ahead)
         with ThreadPoolExecutor(max_workers=1) as pool:
             figures = pool.submit(plot_run, out, figdir, fmt=fmt, theory=theory, spectrum=spectrum)
             rep = check_run(out, loss=loss, theory=(theory, how))

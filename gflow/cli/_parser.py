@@ -58,6 +58,11 @@ PARAM_HELP = (
     "repeat for a cross product (see 'gflow --help')"
 )
 _QUIET_HELP = "print nothing but errors and warnings"
+_EXECUTOR_HELP = (
+    "where the points run: serial (default: this process), processes:N (N local worker processes), "
+    "dask-local:N (a local Dask cluster of N worker processes), dask:ADDRESS (a Dask scheduler; "
+    "dask needs pip install 'gflow[cluster]'); the same numbers, only this process writes --out"
+)
 _FORMAT_HELP = "figure file format (default png)"
 
 
@@ -108,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --replicates: integrate B replicates at a time, vmapped (default: all R if their samples "
         "fit in 2 GiB, else as many as fit; 1: one after another)",
     )  # fmt: skip
+    r.add_argument("--executor", metavar="SPEC", help="with --replicates: " + _EXECUTOR_HELP + " (a chunk a task)")
     r.add_argument(
         "--dry-run", action="store_true",
         help="check the configuration, the output folder and the memory estimate, print them, and stop",
@@ -138,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--overwrite", action="store_true", help="replace the points' runs already in --out")
     sw.add_argument("--no-check", action="store_true", help="skip the check reports (no theory columns)")
     sw.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")
+    sw.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     sw.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
     _eval_parser(sub)
@@ -169,6 +176,7 @@ def _phase_parsers(sub) -> None:
     ph.add_argument("--flow", action="store_true", help="also integrate and check every point (runs/)")
     ph.add_argument("--shard", metavar="K/N", help="compute only the K-th of N disjoint subsets of the points")
     ph.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
+    ph.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     ph.add_argument("--overwrite", action="store_true", help="discard the points already in --out")
     ph.add_argument("--no-plot", action="store_true", help="skip the figures")
     ph.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
@@ -191,5 +199,6 @@ def _eval_parser(sub) -> None:
     e.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES", help=PARAM_HELP)
     e.add_argument("--out", help="output folder for eval.csv, eval.json, eval.png (default DIR/eval)")
     e.add_argument("--no-plot", action="store_true", help="skip the figure")
+    e.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP)
     e.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 

@@ -7,11 +7,17 @@ the κ table (``_second``).
 Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
 """
 
+from ._data import Chain as Chain
 from ._data import DataConfig as DataConfig
 from ._data import Sample as Sample
 from ._data import all_windows as all_windows
+from ._data import chain_key as chain_key
+from ._data import chain_prefix_stable as chain_prefix_stable
+from ._data import chain_steps as chain_steps
+from ._data import draw_chain as draw_chain
 from ._data import sample as sample
 from ._data import sample_fast_time_major as sample_fast_time_major
+from ._data import sample_from_chain as sample_from_chain
 from ._data import sample_kernels as sample_kernels
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law

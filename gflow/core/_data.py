@@ -266,7 +266,7 @@ def sample_kernels(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.floa
     return jax.random.dirichlet(key, alpha, dtype=dtype)
 
 
-def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> Sample:
+def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int | None = None) -> Sample:
     """Draw ``N`` independent ``(π, X, y, z_q, π(·|z_q))`` (docs/theory/mathematics.md §M1).
 
     Vectorised over sequences; a single ``lax.scan`` over positions. The
@@ -274,17 +274,88 @@ def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> 
     (``start="stationary"``) or are i.i.d. uniform (``"uniform"``); then
     ``burn_in`` steps are run and discarded before ``x_1``.
     Deterministic in ``key``.
+
+    `steps`: run the chain for that many steps (at least :func:`chain_steps`, the
+    ``burn_in + L + 1 − p_k`` the sample uses) and keep the sample's part: the same
+    sample bit for bit, as every step's key is the same whatever the length (JAX's
+    partitionable Threefry splits are prefix-stable). So one compiled chain (and one
+    draw, :func:`draw_chain` and :func:`sample_from_chain`) serves every ``L`` and
+    ``burn_in`` up to it.
     """
     if int(N) < 1:
         raise ValueError(f"estimator.N must be a positive integer, got {N!r}")
-    return _sample(cfg, int(N), key, dtype)
+    need = chain_steps(cfg)
+    if steps is not None and int(steps) < need:
+        raise ValueError(f"steps must be at least burn_in + L + 1 - p_k = {need}, got {steps!r}")
+    T = need if steps is None or not chain_prefix_stable() else int(steps)  # the same sample either way
+    return sample_from_chain(draw_chain(cfg, int(N), key=key, dtype=dtype, steps=T), cfg)
+
+
+def chain_prefix_stable() -> bool:
+    """Whether a longer chain holds the shorter one as its prefix: JAX's partitionable Threefry
+    (``jax_threefry_partitionable``, the default), whose ``split(key, n)[i]`` does not depend on n."""
+    return bool(jax.config.jax_threefry_partitionable)
+
+
+def chain_steps(cfg: DataConfig) -> int:
+    """The chain steps a sample of `cfg` uses after its first ``p_k`` tokens: ``burn_in + L + 1 − p_k``."""
+    return cfg.burn_in + cfg.L + 1 - cfg.m
+
+
+def chain_key(cfg: DataConfig) -> DataConfig:
+    """`cfg` without what only selects a part of the chain (``L``, ``burn_in``): configurations with one
+    chain key and one seed share their chain (:func:`draw_chain`)."""
+    return DataConfig(d=cfg.d, parents=cfg.parents, alpha=cfg.alpha, L=cfg.m, start=cfg.start, burn_in=0,
+                      kernel=None if cfg.kernel is None else cfg.kernel.array)  # fmt: skip
+
+
+class Chain(eqx.Module):
+    """``N`` runs of the chain (:func:`draw_chain`): `pi` each run's kernel ``(N, d**k, d)`` and
+    `tokens` its first ``p_k`` tokens and then ``steps`` more, ``(N, p_k + steps)``."""
+
+    pi: Float[Array, "N K d"]
+    tokens: Int[Array, "N T"]
+
+
+def draw_chain(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int) -> Chain:
+    """The kernels, the start and `steps` steps of the chain of :func:`sample`: two compiled programs,
+    the kernels' (once per ``d``, parents, ``α``, kernel, ``N`` and dtype) and the walk's (once per
+    ``d``, parents, start law, ``N``, dtype and `steps`); ``L`` and ``burn_in`` enter neither, ``α``
+    only the first (a traced ``α`` would change the kernels in their last bits: XLA folds the
+    constant)."""
+    ck = chain_key(cfg)
+    walk = DataConfig(d=ck.d, parents=ck.parents, L=ck.m, start=ck.start)  # the walk reads only these
+    return _walk(walk, _kernels(ck, int(N), key, dtype), key, int(steps))
+
+
+def sample_from_chain(chain: Chain, cfg: DataConfig) -> Sample:
+    """The sample of `cfg` in a chain drawn for at least :func:`chain_steps` steps: tokens
+    ``burn_in … burn_in + L`` of each run (integer slices and a gather, exact; on the host,
+    nothing to compile, unless the chain is traced)."""
+    d, L, b = cfg.d, cfg.L, cfg.burn_in
+    xp = jnp if isinstance(chain.tokens, jax.core.Tracer) else np
+    tokens = chain.tokens if xp is jnp else np.asarray(chain.tokens)
+    pi = chain.pi if xp is jnp else np.asarray(chain.pi)
+    full = tokens[:, b : b + L + 1]  # (N, L+1)
+    zw = xp.asarray(d ** np.arange(cfg.k - 1, -1, -1), np.int32)
+    X, y = full[:, :L], full[:, L]
+    zq = (full[:, [L - p for p in cfg.parents]] * zw).sum(-1)  # int64 with x64, as jnp's sum
+    cond = pi[xp.arange(full.shape[0]), zq]
+    if xp is np:
+        X, y, zq, cond = (jnp.asarray(np.ascontiguousarray(v)) for v in (X, y, zq, cond))
+    return Sample(X=X, y=y, zq=zq, cond=cond, pi=chain.pi)
 
 
 @eqx.filter_jit
-def _sample(cfg: DataConfig, N: int, key, dtype):
+def _kernels(cfg: DataConfig, N: int, key, dtype):
+    return sample_kernels(cfg, N, key=jax.random.split(key, 3)[0], dtype=dtype)
+
+
+@eqx.filter_jit
+def _walk(cfg: DataConfig, pi, key, n_steps: int):
+    N = pi.shape[0]
     d, m, k = cfg.d, cfg.m, cfg.k
-    kpi, kstart, kchain = jax.random.split(key, 3)
-    pi = sample_kernels(cfg, N, key=kpi, dtype=dtype)
+    _, kstart, kchain = jax.random.split(key, 3)
     if cfg.start == "stationary":
         mu = jax.vmap(lambda p: stationary_window(p, cfg))(pi)  # (N, d**m)
         code = jax.random.categorical(kstart, jnp.log(mu), axis=-1)
@@ -292,7 +363,6 @@ def _sample(cfg: DataConfig, N: int, key, dtype):
     else:
         win0 = jax.random.randint(kstart, (N, m), 0, d)
     win0 = win0.astype(jnp.int32)
-    n_steps = cfg.burn_in + cfg.L + 1 - m
     logpi = jnp.log(pi)
     zw = jnp.asarray(d ** np.arange(k - 1, -1, -1), jnp.int32)
     cols = np.array([m - p for p in cfg.parents])
@@ -305,11 +375,7 @@ def _sample(cfg: DataConfig, N: int, key, dtype):
         return win, x
 
     _, xs = jax.lax.scan(step, win0, jax.random.split(kchain, n_steps))
-    full = jnp.concatenate([win0, xs.T], axis=1)[:, cfg.burn_in :]  # (N, L+1)
-    X, y = full[:, : cfg.L], full[:, cfg.L]
-    zq = (full[:, [cfg.L - p for p in cfg.parents]] * zw).sum(-1)
-    cond = pi[rows, zq]
-    return Sample(X=X, y=y, zq=zq, cond=cond, pi=pi)
+    return Chain(pi=pi, tokens=jnp.concatenate([win0, xs.T], axis=1))
 
 
 # ---------------------------------------------------------------------------

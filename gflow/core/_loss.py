@@ -367,6 +367,7 @@ def make_loss(
     estimator: EstimatorConfig = EstimatorConfig(),
     *,
     key: PRNGKeyArray | None = None,
+    drawn: Sample | None = None,
 ) -> PopulationLoss:
     """Draw the common random numbers and build ``L̂_N``.
 
@@ -379,14 +380,16 @@ def make_loss(
     ``e(y)`` (the sample's own ``x_{L+1}``); ``estimator.relabel`` averages over the d!
     relabellings of the tokens. The counts layout tabulates the
     ``(d+1)**model.span`` windows of every offset the copier reads; the
-    sparse layout only the windows a sequence can show.
+    sparse layout only the windows a sequence can show. `drawn`: that sample, when the
+    caller already holds it (a grid's points take theirs from a shared chain,
+    :func:`gflow.core.sample_from_chain`: the same sample bit for bit); it is not drawn again.
     """
     if key is None:
         key = jax.random.key(estimator.seed)
     dt = estimator.jdtype
     layout = resolve_layout(estimator.layout, data.d, model)
     member = member_of(model)
-    smp = sample(data, estimator.N, key=key, dtype=jnp.float64)
+    smp = sample(data, estimator.N, key=key, dtype=jnp.float64) if drawn is None else drawn
     if estimator.relabel:
         smp = relabel_sample(smp, data)
     if estimator.target == "drawn":

@@ -25,6 +25,7 @@ be resumed.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import diffrax
@@ -33,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._util import STAGE_CODES, cached_call, versions
+from .._util import STAGE_CODES, cached_call, prepare_call, versions
 from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss, member_of
 from ..trajectory import WRITING, StageRecord, Trajectory
@@ -96,7 +97,7 @@ def params_from(traj: Trajectory, i: int, dtype) -> Params:
 # The options of :func:`gflow.integrate` that both engines (the flow's, the stochastic methods')
 # take, with their defaults; they are documented there.
 RUN_OPTIONS = {"resume": False, "overwrite": False, "loss": None, "params0": None, "verbose": False,
-               "throw": True, "outputs": None}  # fmt: skip
+               "throw": True, "outputs": None, "on_loss": None}  # fmt: skip
 
 
 def run_options(options: dict) -> dict:
@@ -125,7 +126,8 @@ def integrate(config: Config = Config(), *, out=None, **options) -> Trajectory:
             raise
 
 
-def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None) -> Trajectory:
+def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose, throw, outputs=None,
+               on_loss=None) -> Trajectory:  # fmt: skip
     cfg = config
     dtype = cfg.estimator.jdtype
     t_wall = time.perf_counter()
@@ -149,6 +151,8 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
             out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if on_loss is not None:  # the request is valid and its sample drawn (the command line starts its theory)
+        on_loss(loss)
 
     if resume:
         traj.config = cfg
@@ -166,16 +170,23 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         _append(traj, loss, np.zeros(1), {b: np.asarray(v)[None] for b, v in y.blocks().items()},
                 stage_index=index_of_stage(plan[0][0]))  # fmt: skip
 
-    for name, duration in plan:
-        rec = stage_record(traj, name, duration, t)
-        if rec is None:
-            continue
-        try:
-            y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
-        except FlowError as e:
-            if throw:
-                raise
-            return e.trajectory
+    ahead = prepare_stages(cfg, traj, loss, y)
+    try:
+        for name, duration in plan:
+            rec = stage_record(traj, name, duration, t)
+            if rec is None:
+                continue
+            if ahead is not None:
+                ahead.wait(name, tuple(rec.selected or ()))
+            try:
+                y, t = run_stage(traj, rec, loss, cfg, y, t, rec.t0 + duration, out, verbose, wall0, t_wall)
+            except FlowError as e:
+                if throw:
+                    raise
+                return e.trajectory
+    finally:
+        if ahead is not None:
+            ahead.join()
 
     traj.status = "complete"
     if outputs and out is not None:  # complete once the caller has written (and recorded) them
@@ -325,12 +336,21 @@ def _failure(result, ok: bool, sc, name: str) -> str:
     return f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
 
 
-@eqx.filter_jit
 def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
-    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start."""
+    """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start: two
+    programs, so that the gradient's (the same shapes in every stage) compiles once a run."""
+    return _stage_loss(loss, y, moves), _grad_is_finite(loss, y)
+
+
+@eqx.filter_jit
+def _grad_is_finite(loss: PopulationLoss, y: Params):
     g = loss.grad(y)
-    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
-    return StageLoss(loss, y, moves), finite
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+
+
+@eqx.filter_jit
+def _stage_loss(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
+    return StageLoss(loss, y, moves)
 
 
 _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's start "
@@ -538,6 +558,83 @@ def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_
     return Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
 
 
+def _solve_options(cfg: Config, name: str, event_stage, heads, steady: bool, steady_args) -> dict:
+    """The static options of a stage's :func:`solve_segment` (and ``t_stage0``)."""
+    sc = cfg.solver
+    return dict(method=ode_method(sc.method_for(name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+                delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress, steady=steady,
+                t_stage0=steady_args)  # fmt: skip
+
+
+class AheadOfTime:
+    """The compiled solves of Stages II and III, made in a background thread while Stage I runs (a
+    cold start's head start; :func:`prepare_stages`). Stage III's shapes and static options do not
+    depend on the earlier stages; Stage II's heads are Stage I's selection, predicted here as the set
+    whose selector weight grows fastest at the start (``argmax −∂L̂/∂C_S / C_S``, the first row of
+    the trajectory): when Stage I selects another set, Stage II compiles its own program as before.
+    The programs are the ones the stages then call (:func:`gflow._util.prepare_call`): nothing
+    changes but when they are compiled."""
+
+    def __init__(self, heads: tuple[int, ...]):
+        self.heads = heads
+        self.ready = {"II": threading.Event(), "III": threading.Event()}
+        self.thread: threading.Thread | None = None
+
+    def join(self) -> None:
+        """Wait for the thread (the integration does before it returns or raises: nothing of it
+        outlives the run, e.g. the command line's settings, restored when it ends)."""
+        if self.thread is not None:
+            self.thread.join()
+
+    def wait(self, name: str, heads: tuple[int, ...]) -> None:
+        """Before stage `name`'s first solve: wait for its program when it is the one prepared."""
+        if name in self.ready and (name == "III" or heads == self.heads):
+            self.ready[name].wait()
+
+
+def prepare_stages(cfg: Config, traj: Trajectory, loss: PopulationLoss, y: Params) -> AheadOfTime | None:
+    """Start :class:`AheadOfTime` for a staged run from its start (``None`` for anything else: the
+    joint schedule, a host-counted solver, the progress meter, or a resumed run)."""
+    sc = cfg.solver
+    if cfg.schedule.kind != "staged" or sc.progress or StageRun.host_count or traj.stages or len(traj.ts) != 1:
+        return None
+    if any(sc.method_for(n) not in ("tsit5", "gd", "modified") for n in ("II", "III")):
+        return None
+    dtype = cfg.estimator.jdtype
+    C0, gC0 = np.asarray(traj.C[0]), np.asarray(traj.grad_C[0])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(C0 != 0, -gC0 / np.where(C0 != 0, C0, 1.0), -np.inf)
+    member = member_of(cfg.model)
+    heads = member.heads_of(tuple(int(h) for h in cfg.model.subsets[int(np.argmax(rate))]))
+    ahead = AheadOfTime(heads)
+
+    def one(name: str, heads: tuple[int, ...]) -> None:
+        grid = save_grid(0.0, float(cfg.schedule.durations[("I", "II", "III").index(name)]), cfg)
+        seg = split_segments(grid, sc.save_per_decade)[0]
+        moves = stage_blocks(cfg, name)
+        event_stage = name if cfg.schedule.events and name == "II" and heads else None
+        steady = event_stage is not None and sc.method_for(name) != "gd"
+        y0 = {b: jnp.asarray(np.asarray(y.get(b)), dtype) for b in moves}
+        t_stage0 = (as_f64(0.0), event_coordinates(name, y0, heads, member)) if steady else None
+        vf = VectorField(stage_loss=_stage_loss(loss, y, moves), scale=block_scales(cfg, moves, dtype), tag=None,
+                         sign_C=None, eta_mod=modified_eta(cfg, name, dtype))  # fmt: skip
+        prepare_call(solve_segment, (vf, y0, as_f64(0.0), as_f64(seg[-1]), as_f64(seg), as_f64(sc.eta),
+                                     fresh_carry(dtype)), _solve_options(cfg, name, event_stage, heads, steady, t_stage0))
+
+    def work():
+        for name, h in (("II", heads), ("III", ())):
+            try:
+                one(name, h)
+            except Exception:  # noqa: BLE001 (a head start only: the stage compiles its program itself)
+                pass
+            finally:
+                ahead.ready[name].set()
+
+    ahead.thread = threading.Thread(target=work, name="gflow-ahead-of-time")
+    ahead.thread.start()
+    return ahead
+
+
 def _solves(run: StageRun, loss, sl, finite0) -> None:
     cfg, traj = run.cfg, run.traj
     dtype = cfg.estimator.jdtype
@@ -553,9 +650,7 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = cached_call(solve_segment, (
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
-                carry), dict(method=ode_method(sc.method_for(run.name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
-                delta=cfg.schedule.delta, event_stage=run.event_stage, heads=run.heads, progress=sc.progress,
-                steady=run.steady, t_stage0=steady_args), result_at=2,
+                carry), _solve_options(cfg, run.name, run.event_stage, run.heads, run.steady, steady_args), result_at=2,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:

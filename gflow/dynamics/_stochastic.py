@@ -149,7 +149,7 @@ def integrate_stochastic(config: Config, *, out=None, **options) -> Trajectory:
         return _run(config, out=out, **kw)
 
 
-def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs) -> Trajectory:
+def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs, on_loss=None) -> Trajectory:
     t_wall = time.perf_counter()
     if out is not None and out.holds_run() and not overwrite:
         raise ValueError(
@@ -164,6 +164,8 @@ def _run(cfg: Config, *, out, overwrite, loss, params0, verbose, throw, outputs)
         out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if on_loss is not None:
+        on_loss(loss)
     if params0 is None:
         params0 = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=cfg.estimator.jdtype)
     if verbose:

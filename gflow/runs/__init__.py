@@ -1,6 +1,6 @@
 """Run folders: replicates and their bands (``_replicates``, ``_bands``), sweeps
-(``_sweep``), phase grids (``_phase``) and the evaluation of a trained θ on other
-data (``_evaluate``).
+(``_sweep``), phase grids (``_phase``), the evaluation of a trained θ on other
+data (``_evaluate``), and the executors that run a grid's points elsewhere (``_executor``).
 
 Layer rule: the top of the library; the only layer that owns folders, locks and
 caches. Only the command line (``gflow.cli``) and ``gflow/__init__`` import it.
@@ -8,7 +8,11 @@ caches. Only the command line (``gflow.cli``) and ``gflow/__init__`` import it.
 
 from ._evaluate import EvalResult as EvalResult
 from ._evaluate import evaluate as evaluate
+from ._executor import EXECUTOR_FORMS as EXECUTOR_FORMS
+from ._executor import GridIncomplete as GridIncomplete
+from ._executor import check_executor as check_executor
 from ._folder import RunFolder as RunFolder
+from ._folder import TheoryAhead as TheoryAhead
 from ._folder import check_output as check_output
 from ._folder import check_run as check_run
 from ._folder import integrate as integrate

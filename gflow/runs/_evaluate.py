@@ -36,17 +36,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, jsonable, show_value, write_csv
-from ..core import Params, kernel_conditional, make_loss, subset_label
+from ..config import Config, from_dict
+from ..core import Params, kernel_conditional, make_loss, member_of, subset_label
+from ..core import sample as draw_sample
 from ..figures import plot_eval
 from ..theory import RUNGS, Ladder, loss_ladder
 from ..trajectory import Trajectory, load, selected_set
+from ._executor import GridIncomplete, check_executor, open_executor, run_points
+from ._samples import SampleBank, worker_bank
 from ._sweep import parse_param, sweep_points
 
-__all__ = ["EVAL_KEYS", "EvalResult", "evaluate", "plot_eval"]
+__all__ = ["EVAL_KEYS", "EvalResult", "eval_point", "eval_task", "evaluate", "plot_eval"]
 
 EVAL_KEYS = {
     "data": ("L", "alpha", "parents", "start", "burn_in", "kernel"),
@@ -97,7 +102,7 @@ def _selected_set(traj: Trajectory) -> tuple[int, ...]:
 
 
 def final_params(traj: Trajectory) -> Params:
-    """θ at the run's last saved time, in the run's estimator dtype."""
+    """θ at the run's last saved time (every block, a member's included), in the run's estimator dtype."""
     dt = traj.config.estimator.jdtype
     return Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(-1).items()})
 
@@ -109,7 +114,7 @@ class EvalResult:
     - `fields`: the swept fields; `rows`: one flat dict per point (the point's
       values, ``loss`` ± ``loss_se`` of θ, ``unseen``, every rung's mean and
       SE, the gaps with their paired SEs, ``a_gih``, ``captured``);
-    - `ladders`: the :class:`~gflow.Ladder` of each point;
+    - `ladders`: the :class:`~gflow.ladder.Ladder` of each point;
     - `S`: the GIH's set; `run_loss`: the run's final loss; `files`: what
       was written.
     """
@@ -142,6 +147,7 @@ def evaluate(
     out: str | Path | None = None,
     plot: bool = True,
     verbose: bool = False,
+    executor=None,
 ) -> EvalResult:
     """Evaluate a run's final θ on other data configurations (docs/theory/mathematics.md §M8.4).
 
@@ -154,6 +160,8 @@ def evaluate(
     - `out`: where to write ``eval.csv``, ``eval.json`` and (with `plot`)
       ``eval.png``; default ``RUN/eval`` for a folder, nothing for a
       trajectory.
+    - `executor`: where the points run (:mod:`gflow.runs._executor`; default this process);
+      the same rows bit for bit, the files written by this process.
 
     **Returns:** an :class:`EvalResult`.
 
@@ -162,6 +170,7 @@ def evaluate(
     configuration rejects, before anything is computed.
     """
     t0 = time.perf_counter()
+    check_executor(executor)
     if isinstance(run, Trajectory):
         traj = run
     else:
@@ -178,32 +187,31 @@ def evaluate(
     theta = final_params(traj)
     S = _selected_set(traj)
 
-    rows, ladders = [], []
-    for point, pcfg in points:
-        # the run's own estimator on the point's data and sample: make_loss, as the run built its loss
-        # (the layout of the model's span, the run's target, dtype and sharding)
-        loss = make_loss(pcfg.data, cfg.model, pcfg.estimator)
-        est = pcfg.estimator
-        lad = loss_ladder(loss, pcfg.data, S=S, params=theta, estimator=est,
-                          pi_cond=kernel_conditional(pcfg.data, est))  # fmt: skip
-        ladders.append(lad)
-        row = dict(point)
-        row["N"] = est.N
-        row["loss"], row["loss_se"] = lad.mean("flow"), lad.se("flow")
-        row["unseen"] = float(loss.unseen())
-        for k in RUNGS:
-            row[k], row[f"{k}_se"] = lad.mean(k), lad.se(k)
-        for a, b in (("flow", "bayes"), ("gih", "bayes"), ("flow", "gih")):
-            row[f"{a}_minus_{b}"], row[f"{a}_minus_{b}_se"] = lad.gap(a, b)
-        row["a_gih"] = lad.a_gih
-        cap = lad.captured()
-        row["captured"], row["captured_se"] = (None, None) if cap is None else cap
-        row["bayes_optimal"] = lad.bayes_optimal
-        rows.append(row)
+    found: dict[int, tuple[dict, Ladder]] = {}
+    bank = SampleBank([pc for _, pc in points])  # points differing in L or burn_in: one chain
+
+    def accept(k, res):
+        row, lad = res
+        found[k] = ({**points[k][0], **row}, lad)
         if verbose:
-            print(f"  {', '.join(f'{f}={show_value(v)}' for f, v in point.items())}: loss {row['loss']:.5f} ± "
+            row = found[k][0]
+            print(f"  {', '.join(f'{f}={show_value(v)}' for f, v in points[k][0].items())}: loss {row['loss']:.5f} ± "
                   f"{row['loss_se']:.2g}, Bayes {row['bayes']:.5f}, GIH {row['gih']:.5f}, "
                   f"unigram {row['unigram']:.5f}", flush=True)  # fmt: skip
+
+    with open_executor(executor) as engine:
+        if engine is None:
+            lost = run_points(None, lambda k: eval_point(cfg, points[k][1], theta, S, bank),
+                              [(k, k) for k in range(len(points))], accept)  # fmt: skip
+        else:
+            last = {b: np.asarray(v) for b, v in traj.state(-1).items()}
+            tasks = [(k, {"run_config": cfg.to_dict(), "config": pc.to_dict(), "theta": last, "S": S,
+                          "steps": bank.steps_for(pc)}) for k, (_, pc) in enumerate(points)]  # fmt: skip
+            lost = run_points(engine, eval_task, tasks, accept, verbose=verbose)
+    if lost:
+        raise GridIncomplete("evaluation", lost, None, "run it again")
+    rows = [found[k][0] for k in range(len(points))]
+    ladders = [found[k][1] for k in range(len(points))]
 
     res = EvalResult(
         fields=fields, rows=rows, ladders=ladders, S=S, run_loss=float(traj.loss[-1]),
@@ -217,6 +225,47 @@ def evaluate(
         if plot:
             res.files.append(plot_eval(res, out / "eval.png"))
     return res
+
+
+def eval_point(cfg: Config, pcfg: Config, theta: Params, S: tuple[int, ...],
+               bank: SampleBank | None = None) -> tuple[dict[str, Any], Ladder]:  # fmt: skip
+    """θ of a run of configuration `cfg` on the data of `pcfg` (one point of :func:`evaluate`):
+    its sample drawn as the run's estimator draws it (``sample(data, N, key=jax.random.key(seed))``,
+    from `bank`'s shared chain if given: the same sample), the loss ladder with the GIH of `S`.
+    **Returns** the point's row (without the point's values) and its :class:`Ladder`."""
+    est = pcfg.estimator
+    if bank is None:
+        smp = draw_sample(pcfg.data, est.N, key=jax.random.key(est.seed), dtype=jnp.float64)
+    else:
+        smp = bank.sample(pcfg)
+    # the run's own estimator on the point's data and sample: make_loss, as the run built its loss
+    # (the layout of the model's span, the run's target, dtype and sharding), on the point's sample
+    loss = make_loss(pcfg.data, cfg.model, est, drawn=smp)
+    offs = member_of(cfg.model).set_offsets(S) if S in cfg.model.subsets else S  # the GIH of the offsets S reads
+    lad = loss_ladder(loss, pcfg.data, S=offs if offs is not None else (), params=theta, estimator=est,
+                      pi_cond=kernel_conditional(pcfg.data, est))  # fmt: skip
+    row: dict[str, Any] = {"N": est.N}
+    row["loss"], row["loss_se"] = lad.mean("flow"), lad.se("flow")
+    row["unseen"] = float(loss.unseen())
+    for k in RUNGS:
+        row[k], row[f"{k}_se"] = lad.mean(k), lad.se(k)
+    for a, b in (("flow", "bayes"), ("gih", "bayes"), ("flow", "gih")):
+        row[f"{a}_minus_{b}"], row[f"{a}_minus_{b}_se"] = lad.gap(a, b)
+    row["a_gih"] = lad.a_gih
+    cap = lad.captured()
+    row["captured"], row["captured_se"] = (None, None) if cap is None else cap
+    row["bayes_optimal"] = lad.bayes_optimal
+    return row, lad
+
+
+def eval_task(payload: dict[str, Any]) -> tuple[dict[str, Any], Ladder]:
+    """:func:`eval_point` in a worker (:mod:`gflow.runs._executor`), from plain data: the run's and
+    the point's configurations (``Config.to_dict()``), θ's last saved values and the set."""
+    cfg = from_dict(payload["run_config"])
+    dt = cfg.estimator.jdtype
+    theta = Params.from_blocks({b: jnp.asarray(v, dt) for b, v in payload["theta"].items()})
+    pcfg = from_dict(payload["config"])
+    return eval_point(cfg, pcfg, theta, tuple(payload["S"]), worker_bank(pcfg, payload["steps"]))
 
 
 def _write_csv(res: EvalResult, path: Path) -> Path:

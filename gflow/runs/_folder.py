@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from .._util import atomic_write_json, atomic_write_text, jsonable, remove_temporaries
@@ -114,6 +115,8 @@ def lock(out: str | Path):
 
 # The files of a run that ``overwrite`` replaces (other files in the folder are left alone).
 _STALE = ("trajectory.npz", "run.json", "report.json", "report.md", "theory.json", "spectrum.npz")
+#: What an overwritten run discards: those files and the figures folder (:meth:`RunFolder.remove_stale`).
+STALE_FILES = (*_STALE, "figures")
 
 
 class RunFolder:
@@ -173,6 +176,7 @@ def integrate(
     verbose: bool = False,
     throw: bool = True,
     outputs: list[str] | None = None,
+    on_loss=None,
 ) -> Trajectory:
     """Run the training ``config.solver.method`` names and return its trajectory: a flow
     (adaptive solvers, GD, or any other flow method of the configuration) through the
@@ -206,6 +210,9 @@ def integrate(
       the report and the figures): the run ends with the status ``gflow.trajectory.WRITING`` and
       these names in its ``files`` manifest, and becomes ``"complete"`` when they are recorded whole
       (``gflow.trajectory.record_outputs``).
+    - `on_loss`: called with the run's estimator once the request has been checked and its sample
+      drawn, before anything is integrated (``gflow run`` starts the report's theory then:
+      :class:`TheoryAhead`).
 
     With `out`, the folder's lock (:func:`lock`) is held for the whole
     integration, and a ``KeyboardInterrupt`` (SIGINT) marks the saved run
@@ -220,7 +227,7 @@ def integrate(
     """
     run = integrate_stochastic if config.solver.is_stochastic else integrate_flow
     return run(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss, params0=params0,
-               verbose=verbose, throw=throw, outputs=outputs)  # fmt: skip
+               verbose=verbose, throw=throw, outputs=outputs, on_loss=on_loss)  # fmt: skip
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
@@ -277,6 +284,45 @@ def integrate_batch(
     return trajs
 
 
+class TheoryAhead:
+    """A run's theory (:func:`gflow.theory_report` of its configuration, as :func:`load_or_compute`
+    computes it) computed in a background thread while the run integrates: the theory needs the
+    run's configuration and sample only, not its trajectory. `loss`: the run's estimator (start it
+    from :func:`integrate`'s `on_loss`, once the request is checked and the sample drawn).
+    :meth:`theory` waits for it and raises what the computation raised; :func:`load_or_compute`
+    takes it as `ahead` (the same numbers as computing it then: the same function on the same
+    sample)."""
+
+    def __init__(self, cfg: Config, loss: PopulationLoss, *, n_pi: int = 2000, pi_seed: int = 0):
+        self.cfg, self.n_pi, self.pi_seed = cfg, int(n_pi), int(pi_seed)
+        self.loss = loss
+        self._done = threading.Event()
+        self._result: Theory | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="gflow-theory-ahead")
+        self._thread.start()
+
+    def _work(self) -> None:
+        cfg, sc = self.cfg, self.cfg.schedule
+        try:
+            self._result = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=self.n_pi,
+                                         pi_seed=self.pi_seed, loss=self.loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
+        except BaseException as e:  # noqa: BLE001 (raised in the caller's thread by theory())
+            self._error = e
+        finally:
+            self._done.set()
+
+    def join(self) -> None:
+        """Wait for the computation (its outcome is kept for :meth:`theory`)."""
+        self._thread.join()
+
+    def theory(self) -> Theory:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
 def load_or_compute(
     run_dir,
     traj=None,
@@ -286,6 +332,7 @@ def load_or_compute(
     loss: PopulationLoss | None = None,
     reuse: bool = True,
     write: bool = True,
+    ahead: TheoryAhead | None = None,
 ) -> tuple[Theory, str]:
     """The theory of the run saved in `run_dir`, with the GIH law of the set its
     Stage I selected: ``run_dir/theory.json`` when it belongs to the run, else computed.
@@ -302,6 +349,9 @@ def load_or_compute(
     The file carries the SHA-256 of its content (:func:`theory_digest`; its key is part of it): a
     file whose checksum does not match (edited, damaged, or from before checksums) is recomputed,
     never trusted, with a one-line note on stderr.
+
+    `ahead`: the theory computed while the run integrated (:class:`TheoryAhead`, of the run's
+    configuration and the same `n_pi` and `pi_seed`), used instead of computing it here.
 
     **Returns:** ``(theory, how)``, `how` ``"reused"``, ``"reused, law added"`` or ``"computed"``.
     """
@@ -331,8 +381,11 @@ def load_or_compute(
     if needs_loss and loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     if theory is None:
-        theory = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=n_pi, pi_seed=pi_seed,
-                               loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
+        if ahead is not None and (ahead.cfg, ahead.n_pi, ahead.pi_seed) == (cfg, int(n_pi), int(pi_seed)):
+            theory = ahead.theory()
+        else:
+            theory = theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=n_pi, pi_seed=pi_seed,
+                                   loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
         theory = dataclasses.replace(theory, config=key)  # the one identity rule: the run's key
     sel = selected_set(traj)
     if sel is not None and sel not in theory.laws:

@@ -37,9 +37,11 @@ which the loss has fallen halfway from its initial to its final value.
 ranking; points that share the sample (data, model, estimator) reuse one
 sample and one Stage III law per set; the initialisation (``w₊``, ``w₋``,
 ``c₀``, ``a₀``) enters as arrays, so such points reuse one compilation and
-pay only ``J``. Every data field is static to the sampler's compilation
-(``L`` changes its shapes; ``α``, ``d``, the parents are compile-time
-constants of ``gflow.core``): each new value compiles the sampler once.
+pay only ``J``. Points that differ only in ``L`` or ``burn_in`` take their
+samples from one chain drawn for the longest of them (:mod:`gflow.runs._samples`:
+the same samples bit for bit, one compilation); a new ``α`` compiles only the
+sampler's kernels (a traced ``α`` would change them in their last bits); ``d``
+and the parents change the shapes.
 
 **Outputs** in DIR: ``points/<k>.json`` (one per finished point: what makes
 a grid resumable — an interrupted grid recomputes only the missing points,
@@ -65,6 +67,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -74,8 +77,8 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, write_csv
-from ..config import Config
-from ..core import init_params, make_loss, subset_label
+from ..config import Config, from_dict
+from ..core import init_params, subset_label
 from ..figures import phase_row, plot_phase
 from ..theory import (
     TIE_RTOL,
@@ -86,6 +89,17 @@ from ..theory import (
     stage3_law,
 )
 from ..trajectory import selected_set
+from ._executor import (
+    GridIncomplete,
+    check_executor,
+    folder_files,
+    open_executor,
+    put_folder_files,
+    run_points,
+    scratch_folder,
+)
+from ._folder import STALE_FILES, lock
+from ._samples import SampleBank, worker_bank
 from ._sweep import headline, point_dirname, run_point, show_value, sweep_points
 
 __all__ = [
@@ -94,6 +108,7 @@ __all__ = [
     "PhaseResult",
     "merge_shards",
     "phase_grid",
+    "phase_task",
     "plot_phase",
     "point_theory",
     "run_phase",
@@ -157,10 +172,11 @@ class _Cache:
     model and estimator; the last ``_SAMPLES_KEPT`` used) and Stage III laws
     (by sample and set)."""
 
-    def __init__(self):
+    def __init__(self, bank: SampleBank | None = None):
         self.ranking: dict[str, Any] = {}
         self.loss: OrderedDict[str, Any] = OrderedDict()
         self.law: dict[str, Any] = {}
+        self.bank = SampleBank() if bank is None else bank  # the samples, from chains shared over L and burn_in
 
 
 def _f(x) -> float | None:
@@ -211,7 +227,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     if lk not in cache.loss:
         while len(cache.loss) >= _SAMPLES_KEPT:
             cache.loss.popitem(last=False)
-        cache.loss[lk] = make_loss(cfg.data, cfg.model, cfg.estimator)
+        cache.loss[lk] = cache.bank.loss(cfg)  # make_loss(cfg.data, cfg.model, cfg.estimator), bit for bit
     loss = cache.loss[lk]
     cache.loss.move_to_end(lk)
 
@@ -302,6 +318,43 @@ def point_flow(traj, report: dict | None) -> dict[str, Any]:
         "verdict_paper": v.get("paper"),
         "checks_failed": h["checks_failed"],
     }
+
+
+def point_record(k: int, point: dict, cfg: Config, *, flow: bool, n_pi: int, pi_seed: int, overwrite: bool,
+                 cache: _Cache, run_dir: Path) -> dict[str, Any]:  # fmt: skip
+    """The record of grid point `k` (``points/<k>.json``): its theory columns and, with `flow`,
+    its run integrated and checked in `run_dir` (resumed there unless `overwrite`) and its flow
+    columns; ``wall_s``."""
+    tp = time.perf_counter()
+    theory = point_theory(cfg, n_pi=n_pi, pi_seed=pi_seed, cache=cache)
+    rec = {"index": k, "point": point, "theory": theory}
+    if flow:
+        traj, report = run_point(cfg, run_dir, check=True, check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed},
+                                 resume=not overwrite, overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
+        rec["flow"] = point_flow(traj, report)
+    rec["wall_s"] = time.perf_counter() - tp
+    return rec
+
+
+# What the points computed by one worker process share (as one serial run's points do); a
+# worker running several tasks at once in threads runs them one at a time here.
+_WORKER_CACHE = _Cache()
+_WORKER_LOCK = threading.Lock()
+
+
+def phase_task(payload: dict[str, Any]) -> dict[str, Any]:
+    """One grid point in a worker (:mod:`gflow.runs._executor`): `payload` holds the point's
+    ``index``, ``point``, ``config`` (``Config.to_dict()``), ``flow``, ``n_pi``, ``pi_seed``,
+    ``overwrite`` and ``files`` (its run folder's, to resume). The run is computed in a scratch
+    folder; **returns** ``{"rec": …, "files": …}`` (the record and, with ``flow``, the run
+    folder's files) for the coordinator to write."""
+    cfg = from_dict(payload["config"])
+    with _WORKER_LOCK, scratch_folder(payload["files"]) as d:
+        _WORKER_CACHE.bank = worker_bank(cfg, payload["steps"])
+        rec = point_record(payload["index"], payload["point"], cfg, flow=payload["flow"], n_pi=payload["n_pi"],
+                           pi_seed=payload["pi_seed"], overwrite=payload["overwrite"], cache=_WORKER_CACHE,
+                           run_dir=d)  # fmt: skip
+        return {"rec": rec, "files": folder_files(d) if payload["flow"] else None}
 
 
 # ---------------------------------------------------------------------------
@@ -396,6 +449,7 @@ def run_phase(
     overwrite: bool = False,
     verbose: bool = False,
     on_point: Callable[[int], None] | None = None,
+    executor=None,
 ) -> PhaseResult:
     """Compute a phase grid into `out` (see the module docstring for the
     columns and files).
@@ -409,12 +463,18 @@ def run_phase(
     `out` (otherwise they are kept and only the missing ones computed — an
     interrupted grid resumes; a folder holding a different grid is an error);
     `on_point(k)` is called after point k is saved (progress hooks; tests use
-    it to interrupt a grid).
+    it to interrupt a grid); `executor` where the points run (:mod:`gflow.runs._executor`:
+    ``None``/``"serial"`` this process, ``"processes:N"``, ``"dask-local:N"``,
+    ``"dask:ADDRESS"``, or any object with ``submit``): the same files and numbers, only this
+    process writes `out`.
 
-    Everything is validated before anything is computed.
+    Everything is validated before anything is computed. **Raises**
+    :class:`~gflow.runs.GridIncomplete` (everything else written) when points were lost with
+    their workers.
     """
     fields, points = phase_grid(config, params)
     sh = _parse_shard(shard)
+    check_executor(executor)
     if int(n_pi) < 1:
         raise ValueError(f"n_pi must be a positive integer, got {n_pi!r}")
     out = Path(out)
@@ -438,25 +498,22 @@ def run_phase(
     atomic_write_text(jpath, json.dumps(defn, indent=1, default=str))
     done = _load_points([out])
     csv_path = out / ("phase.csv" if sh is None else f"phase.shard{sh[0]}of{sh[1]}.csv")
-    cache = _Cache()
     t0 = time.perf_counter()
     walls = []
     todo = [k for k in mine if k not in done]
+    cache = _Cache(SampleBank([points[k][1] for k in todo]))
     if verbose:
         print(f"{len(points)} points ({len(mine)} in this shard), {len(mine) - len(todo)} already done",
               flush=True)  # fmt: skip
-    for k in todo:
-        point, cfg = points[k]
-        tp = time.perf_counter()
-        theory = point_theory(cfg, n_pi=n_pi, pi_seed=pi_seed, cache=cache)
-        rec = {"index": k, "point": point, "theory": theory}
-        if flow:
-            traj, report = run_point(cfg, out / "runs" / point_dirname(k, point), check=True,
-                                     check_kwargs={"n_pi": n_pi, "pi_seed": pi_seed}, resume=not overwrite,
-                                     overwrite=overwrite, loss=cache.loss[_sample_key(cfg)])  # fmt: skip
-            rec["flow"] = point_flow(traj, report)
-        walls.append(time.perf_counter() - tp)
-        rec["wall_s"] = walls[-1]
+    run_dirs = {k: out / "runs" / point_dirname(k, points[k][0]) for k in todo}
+
+    def accept(k, res):
+        point = points[k][0]
+        rec, files = res["rec"], res.get("files")
+        if files is not None:  # computed in a worker: this process writes its run folder
+            with lock(run_dirs[k]):
+                put_folder_files(run_dirs[k], files, replace=STALE_FILES if overwrite else ())
+        walls.append(rec["wall_s"])
         atomic_write_text(out / "points" / f"{k:05d}.json", json.dumps(rec, indent=1, default=str))
         done[k] = rec
         rows = [phase_row(done[j]) for j in mine if j in done]
@@ -464,10 +521,30 @@ def run_phase(
         if verbose:
             where = ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
             fl = f", flow selected {rec['flow']['selected']}" if flow else ""
-            print(f"point {k + 1}/{len(points)} ({where}): S* {theory['S_star']}, argmax J {theory['argmax_J']}"
-                  f"{fl}, {walls[-1]:.2f} s", flush=True)  # fmt: skip
+            print(f"point {k + 1}/{len(points)} ({where}): S* {rec['theory']['S_star']}, argmax J "
+                  f"{rec['theory']['argmax_J']}{fl}, {rec['wall_s']:.2f} s", flush=True)  # fmt: skip
         if on_point is not None:
             on_point(k)
+
+    with open_executor(executor) as engine:
+        if engine is None:  # this process: the points share one cache, the runs are written in place
+            def task(k):
+                rec = point_record(k, *points[k], flow=flow, n_pi=n_pi, pi_seed=pi_seed, overwrite=overwrite,
+                                   cache=cache, run_dir=run_dirs[k])  # fmt: skip
+                return {"rec": rec}
+            lost = run_points(None, task, [(k, k) for k in todo], accept)
+        else:
+            tasks = [(k, {"index": k, "point": points[k][0], "config": points[k][1].to_dict(), "flow": flow,
+                          "n_pi": n_pi, "pi_seed": pi_seed, "overwrite": overwrite,
+                          "steps": cache.bank.steps_for(points[k][1]),
+                          "files": folder_files(run_dirs[k]) if flow and not overwrite else {}})
+                     for k in todo]  # fmt: skip
+            lost = run_points(engine, phase_task, tasks, accept, verbose=verbose)
+    if lost:
+        rows = [phase_row(done[j]) for j in mine if j in done]
+        _write_csv(csv_path, fields, rows, flow)
+        res = PhaseResult(fields, rows, out, csv_path, False, time.perf_counter() - t0, walls)
+        raise GridIncomplete(f"phase grid {out}", lost, res, "run the same command again to compute them")
     rows = [phase_row(done[j]) for j in mine]
     _write_csv(csv_path, fields, rows, flow)
     if sh is None:

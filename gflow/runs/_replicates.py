@@ -83,6 +83,7 @@ folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -95,12 +96,21 @@ import numpy as np
 
 from .._util import atomic_write_npz, atomic_write_text, jsonable
 from ..checks import check
-from ..config import Config
+from ..config import Config, from_dict
 from ..core import subset_label
 from ..dynamics import sample_bytes
 from ..trajectory import Trajectory, load
 from ._bands import QUANTITIES, RowSpread, StageBands, bands, format_summary, row_spread, summarize
-from ._folder import check_run, integrate_batch_with_errors
+from ._executor import (
+    GridIncomplete,
+    check_executor,
+    folder_files,
+    open_executor,
+    put_folder_files,
+    run_points,
+    scratch_folder,
+)
+from ._folder import STALE_FILES, check_run, integrate_batch_with_errors, lock
 
 __all__ = [
     "QUANTITIES",
@@ -112,6 +122,7 @@ __all__ = [
     "default_batch",
     "load_replicates",
     "replicate_seeds",
+    "replicates_task",
     "row_spread",
     "run_replicates",
 ]
@@ -338,6 +349,7 @@ def run_replicates(
     check: bool = False,
     check_kwargs: dict[str, Any] | None = None,
     verbose: bool = False,
+    executor=None,
 ) -> Replicates:
     """Integrate R independent replicates of `config` and compute their bands.
 
@@ -367,6 +379,9 @@ def run_replicates(
       and report the spread of its rows; `check_kwargs` go to it (e.g.
       ``n_pi``).
     - `verbose`: a line per replicate or batch (and per solve).
+    - `executor`: where the chunks run (:mod:`gflow.runs._executor`; default this process):
+      each chunk of `batch` replicates is one task, integrated and checked in a worker; only
+      this process writes the folders. The same trajectories, bit for bit, as in this process.
 
     **Returns:** :class:`Replicates`.
 
@@ -379,9 +394,11 @@ def run_replicates(
 
     **Raises:** ``ValueError`` for a bad `R`, `base_seed` or `batch`, or
     (before any replicate runs) an existing replicate folder without
-    `resume` or `overwrite`.
+    `resume` or `overwrite`; :class:`~gflow.runs.GridIncomplete` when chunks were lost with
+    their workers (the others are written; `resume` computes the rest).
     """
     seeds = replicate_seeds(config, R, base_seed)
+    check_executor(executor)
     if batch is not None and (not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1):
         raise ValueError(f"batch must be an integer >= 1 (or None: by memory), got {batch!r}")
     B = default_batch(config, len(seeds)) if batch is None else min(int(batch), len(seeds))
@@ -393,8 +410,13 @@ def run_replicates(
     t_all = time.perf_counter()
     checker = _checker() if check else None
     notes = ["gflow.checks is not available: no check reports"] if check and checker is None else []
-    trajs, walls, reports = _run_chunks(batches, cfgs, dirs, again, notes, overwrite=overwrite, verbose=verbose,
-                                        checker=checker, check_kwargs=check_kwargs)  # fmt: skip
+    with open_executor(executor) as engine:
+        if engine is None:
+            trajs, walls, reports = _run_chunks(batches, cfgs, dirs, again, notes, overwrite=overwrite,
+                                                verbose=verbose, checker=checker, check_kwargs=check_kwargs)  # fmt: skip
+        else:
+            trajs, walls, reports = _run_chunks_on(engine, batches, cfgs, dirs, again, notes, overwrite=overwrite,
+                                                   check=check, check_kwargs=check_kwargs, verbose=verbose)  # fmt: skip
     res = Replicates(
         config=cfgs[0],
         seeds=seeds,
@@ -439,6 +461,58 @@ def _run_chunks(batches, cfgs, dirs, again, notes: list[str], *, overwrite, verb
         if verbose:
             print(f"  done in {wall:.1f} s", flush=True)
     return trajs, walls, reports
+
+
+def _run_chunks_on(engine, batches, cfgs, dirs, again, notes: list[str], *, overwrite, check, check_kwargs, verbose):
+    """:func:`_run_chunks` with each chunk a task of `engine` (:func:`replicates_task`); this
+    process writes the replicates' folders as the chunks arrive, and the notes in chunk order."""
+    n = len(cfgs)
+    trajs: list[Trajectory | None] = [None] * n
+    walls, reports = [0.0] * n, [None] * n
+    chunk_notes: dict[int, list[str]] = {}
+
+    def accept(i, res):
+        chunk_notes[i] = []
+        for j, r in enumerate(batches[i]):
+            if dirs[r] is not None:
+                with lock(dirs[r]):
+                    put_folder_files(dirs[r], res["files"][j], replace=STALE_FILES if overwrite and not again[r] else ())
+            trajs[r], walls[r], reports[r] = res["trajs"][j], res["wall"], res["reports"][j]
+            if res["errors"][j] is not None:
+                chunk_notes[i].append(f"replicate {r} (seed {cfgs[r].estimator.seed}) failed: {res['errors'][j]}")
+        if verbose:
+            print(f"  replicates {batches[i][0] + 1}…{batches[i][-1] + 1} done in {res['wall']:.1f} s", flush=True)
+
+    tasks = [(i, {"configs": [cfgs[r].to_dict() for r in chunk], "out": dirs[0] is not None,
+                  "again": [again[r] for r in chunk], "overwrite": overwrite, "check": check,
+                  "check_kwargs": check_kwargs, "files": [folder_files(dirs[r]) if again[r] else {} for r in chunk]})
+             for i, chunk in enumerate(batches)]  # fmt: skip
+    lost = run_points(engine, replicates_task, tasks, accept, verbose=verbose)
+    for i in sorted(chunk_notes):
+        notes += chunk_notes[i]
+    if lost:
+        gone = {r: lost[i] for i in lost for r in batches[i]}
+        raise GridIncomplete("replicates", gone, None, "run them again with resume (gflow run --replicates R --resume)")
+    return trajs, walls, reports
+
+
+def replicates_task(payload: dict[str, Any]) -> dict[str, Any]:
+    """One chunk of replicates in a worker (:mod:`gflow.runs._executor`): integrated together
+    (:func:`gflow.vmapped.integrate_batch`, as :func:`run_replicates` does in this process) in
+    scratch folders (holding ``files``, those resumed), each complete one checked. **Returns**
+    the trajectories, the errors (text), the reports, each folder's files and the chunk's wall time."""
+    cfgs = [from_dict(c) for c in payload["configs"]]
+    with contextlib.ExitStack() as stack:
+        dirs = [stack.enter_context(scratch_folder(f)) if payload["out"] else None for f in payload["files"]]
+        t0 = time.perf_counter()
+        got, errs = integrate_batch_with_errors(cfgs, outs=dirs, resume=payload["again"],
+                                                overwrite=payload["overwrite"])  # fmt: skip
+        wall = time.perf_counter() - t0
+        checker = _checker() if payload["check"] else None
+        reports = [checker(tr, d, dict(payload["check_kwargs"] or {})) if checker and tr.status == "complete" else None
+                   for tr, d in zip(got, dirs)]  # fmt: skip
+        return {"trajs": got, "errors": [None if e is None else str(e) for e in errs], "reports": reports,
+                "files": [folder_files(d) if d is not None else {} for d in dirs], "wall": wall}  # fmt: skip
 
 
 def _folders(out: Path | None, n: int, *, resume: bool, overwrite: bool) -> tuple[list[Path | None], list[bool]]:

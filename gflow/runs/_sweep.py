@@ -51,13 +51,23 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, log_slope, rows_of_stage, show_value, write_csv
-from ..config import Config
+from ..config import Config, from_dict
 from ..core import subset_label
 from ..dynamics import FlowError
 from ..trajectory import Trajectory
-from ._folder import check_run, integrate
+from ._executor import (
+    GridIncomplete,
+    check_executor,
+    folder_files,
+    open_executor,
+    put_folder_files,
+    run_points,
+    scratch_folder,
+)
+from ._folder import STALE_FILES, check_run, integrate, lock
+from ._samples import SampleBank, worker_bank
 
-__all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points"]
+__all__ = ["COLUMNS", "SweepResult", "headline", "parse_param", "run_point", "run_sweep", "sweep_points", "sweep_task"]
 
 COLUMNS = (
     "status", "wall_s", "S_star", "S_measured", "C_star", "window_lo", "window_hi", "a_star", "a_end", "slope",
@@ -305,6 +315,7 @@ def run_sweep(
     resume: bool = False,
     overwrite: bool = False,
     verbose: bool = False,
+    executor=None,
 ) -> SweepResult:
     """Run every point of the sweep into ``out/<k>_<field=value>…`` and write
     ``out/sweep.csv`` (one row per point, the columns of :data:`COLUMNS`
@@ -315,14 +326,19 @@ def run_sweep(
     report on every point (the theory columns come from it; `check_kwargs`
     go to :func:`gflow.check_run`); `resume` reuse or continue the
     points' run folders that already hold a run (otherwise an existing run
-    folder is an error, raised before anything runs); `verbose` progress lines.
+    folder is an error, raised before anything runs); `verbose` progress lines;
+    `executor` where the points run (:mod:`gflow.runs._executor`; default this process):
+    the same folders and numbers, written by this process only.
 
     A point whose integration fails is recorded with its status (and its
-    partial trajectory's numbers) and the sweep goes on.
+    partial trajectory's numbers) and the sweep goes on. Points lost with their workers
+    raise :class:`~gflow.runs.GridIncomplete` after the others are written (``resume``
+    computes them).
 
     **Returns:** :class:`SweepResult`.
     """
     points = sweep_points(config, params)
+    check_executor(executor)
     fields = list(points[0][0])
     out = Path(out)
     dirs = [out / point_dirname(k, p) for k, (p, _) in enumerate(points)]
@@ -340,22 +356,59 @@ def run_sweep(
         "points": [{"dir": d.name, **{f: p[f] for f in fields}} for d, (p, _) in zip(dirs, points)],
     }, indent=1, default=str))  # fmt: skip
     t0 = time.perf_counter()
-    rows = []
+    found: dict[int, dict] = {}
     csv_path = out / "sweep.csv"
-    for k, ((point, cfg), d) in enumerate(zip(points, dirs)):
-        if verbose:
-            print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
-                  + f" -> {d}", flush=True)  # fmt: skip
-        traj, report = run_point(cfg, d, check=check, check_kwargs=check_kwargs, resume=resume,
-                                 overwrite=overwrite, verbose=verbose)  # fmt: skip
-        row = {**point, "dir": d.name, **headline(traj, report)}
-        rows.append(row)
-        _write_csv(csv_path, fields, rows)  # after every point: an interrupted sweep keeps its table
+
+    def accept(k, res):
+        point, d = points[k][0], dirs[k]
+        if res.get("files") is not None:  # computed in a worker: this process writes its run folder
+            with lock(d):
+                put_folder_files(d, res["files"], replace=STALE_FILES if overwrite else ())
+        found[k] = row = {**point, "dir": d.name, **res["headline"]}
+        # after every point: an interrupted sweep keeps its table
+        _write_csv(csv_path, fields, [found[j] for j in sorted(found)])
         if verbose:
             print(f"  {row['status']}: S* {format_cell(row['S_star'])}, measured {format_cell(row['S_measured'])}, "
                   f"a_end {format_cell(row['a_end'])}, loss_end {format_cell(row['loss_end'])}, {format_cell(row['wall_s'])} s",
                   flush=True)  # fmt: skip
-    return SweepResult(fields=fields, rows=rows, csv=csv_path, wall=time.perf_counter() - t0)
+
+    def here(k):
+        (point, cfg), d = points[k], dirs[k]
+        if verbose:
+            print(f"point {k + 1}/{len(points)}: " + ", ".join(f"{f}={show_value(v)}" for f, v in point.items())
+                  + f" -> {d}", flush=True)  # fmt: skip
+        traj, report = run_point(cfg, d, check=check, check_kwargs=check_kwargs, resume=resume,
+                                 overwrite=overwrite, verbose=verbose, loss=bank.loss(cfg))  # fmt: skip
+        return {"headline": headline(traj, report)}
+
+    bank = SampleBank([cfg for _, cfg in points])  # points differing in L or burn_in: one chain
+
+    with open_executor(executor) as engine:
+        if engine is None:
+            lost = run_points(None, here, [(k, k) for k in range(len(points))], accept)
+        else:
+            tasks = [(k, {"config": cfg.to_dict(), "check": check, "check_kwargs": check_kwargs, "resume": resume,
+                          "overwrite": overwrite, "steps": bank.steps_for(cfg),
+                          "files": folder_files(d) if resume else {}})
+                     for k, ((_, cfg), d) in enumerate(zip(points, dirs))]  # fmt: skip
+            lost = run_points(engine, sweep_task, tasks, accept, verbose=verbose)
+    rows = [found[k] for k in sorted(found)]
+    res = SweepResult(fields=fields, rows=rows, csv=csv_path, wall=time.perf_counter() - t0)
+    if lost:
+        raise GridIncomplete(f"sweep {out}", lost, res, "run it again with resume (gflow sweep --resume)")
+    return res
+
+
+def sweep_task(payload: dict[str, Any]) -> dict[str, Any]:
+    """One sweep point in a worker (:mod:`gflow.runs._executor`): its run integrated and checked
+    in a scratch folder (from ``files``, its folder's, when resumed). **Returns** ``{"headline":
+    …, "files": …}`` for the coordinator to write."""
+    cfg = from_dict(payload["config"])
+    with scratch_folder(payload["files"]) as d:
+        loss = worker_bank(cfg, payload["steps"]).loss(cfg)
+        traj, report = run_point(cfg, d, check=payload["check"], check_kwargs=payload["check_kwargs"],
+                                 resume=payload["resume"], overwrite=payload["overwrite"], loss=loss)  # fmt: skip
+        return {"headline": headline(traj, report), "files": folder_files(d)}
 
 
 def run_point(
