@@ -27,6 +27,7 @@ from ._features import CountFeatures as CountFeatures
 from ._features import HeadFeatures as HeadFeatures
 from ._features import PositionFeatures as PositionFeatures
 from ._features import SparseCountFeatures as SparseCountFeatures
+from ._features import VectorFeatures as VectorFeatures
 from ._features import count_features_flat as count_features_flat
 from ._features import features as features
 from ._features import features_time_major as features_time_major

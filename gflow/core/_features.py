@@ -35,7 +35,7 @@ from ._paper import (
     window_codes,
 )
 
-LAYOUTS = ("counts", "positions", "heads", "sparse")
+LAYOUTS = ("counts", "positions", "heads", "sparse", "vectors")
 
 
 def _segment_mean(x, bid, B: int, nb):
@@ -389,6 +389,141 @@ class SparseCountFeatures(PositionFeatures):
         return eqx.tree_at(lambda f: (f.G, f.counts), self, (jnp.pad(self.G, w[1:]), jnp.pad(self.counts, w)))
 
 
+class VectorFeatures(SparseCountFeatures):
+    """The sparse layout's arrays, κ computed per sequence from the first layer's outputs (the
+    ``"vectors"`` layout, exact; the members of ``gflow.AbstractWindowModel``).
+
+    The same arrays as :class:`SparseCountFeatures` (each sequence's query window, its distinct
+    key windows and their counts). What is tabulated is not κ on every (query window, [own
+    token,] window) pair — 265,356 numbers for the official Full model — but the components'
+    vectors of every query window and of every (own token, window) key, ``(n_comp, nQ + d·nK,
+    dv)``: 16,020 numbers there; each sequence computes its own κ entries from its rows (its
+    query's and its d·U keys'). The batch gradients then sum each batch's cotangents on those
+    rows and pull them back through the vectors once a batch: the standard errors at the cost of
+    about one gradient, where the κ table's Jacobian costs dim θ of them.
+    """
+
+    name = "vectors"
+    has_table = False
+
+    def _rows(self, loss, q, keys):
+        """A sequence's query row and key rows in the member's vector table ``(nQ + d·nK)``."""
+        m = loss.member
+        nQ, nK = self._sizes(loss)
+        if not m.own_token:
+            return q, nQ + keys
+        return q, nQ + (jnp.arange(loss.d)[:, None] * nK + keys[None, :]).reshape(-1)
+
+    def _sizes(self, loss):
+        L = self.X.shape[-1]
+        r0, r1 = sparse_query_block(loss.d, loss.member.span, L)
+        return r1 - r0, int(sparse_window_blocks(loss.d, loss.member.span)[-1])
+
+    def _z(self, loss, p, V, q, keys):
+        """A sequence's κ entries ``(U,)`` or ``(d, U)`` from the vector table `V` ``(n_comp, R, dv)``."""
+        m = loss.member
+        iq, ik = self._rows(loss, q, keys)
+        z = m.pair_kernel(p, V[:, iq][:, None], V[:, ik])[0]
+        return z.reshape(loss.d, -1) if m.own_token else z
+
+    def _vtable(self, loss, p):
+        Vq, Vk = loss.member.vector_table(p, loss.d, self.X.shape[-1])
+        return jnp.concatenate([Vq, Vk], axis=1)
+
+    def per_sequence(self, loss, params):
+        m = loss.member
+        V = self._vtable(loss, params)
+        fn = lambda q, keys, counts, cond: m.readout(params, self._z(loss, params, V, q, keys), counts, cond,  # noqa: E731
+                                                     loss.eps, loss.kind)  # fmt: skip
+        return seqmap(fn, self._sargs(), loss.chunk)
+
+    def _local(self, loss, params):
+        """The per-sequence loss as a function of (the blocks it reads besides the vectors, its
+        query row, its key rows), and those blocks at `params`."""
+        m = loss.member
+        vb = set(m.vector_blocks)
+        own = {b: params.get(b) for b in params.names if b not in vb}
+
+        def one(r, vq, vk, counts, cond):
+            p = params.with_blocks(r)
+            z = m.pair_kernel(p, vq[:, None], vk)[0]
+            z = z.reshape(loss.d, -1) if m.own_token else z
+            return m.readout(p, z, counts, cond, loss.eps, loss.kind)
+
+        return one, own
+
+    def _row_grads(self, loss, params, V):
+        one, own = self._local(loss, params)
+        g1 = jax.value_and_grad(one, argnums=(0, 1, 2))
+
+        def f(q, keys, counts, cond):
+            iq, ik = self._rows(loss, q, keys)
+            ls, (gr, gq, gk) = g1(own, V[:, iq], V[:, ik], counts, cond)
+            return ls, gr, gq, gk, iq, ik
+
+        return seqmap(f, self._sargs(), loss.chunk)
+
+    def batch_grads(self, loss, params, B: int, bid, n_b):
+        m = loss.member
+        V = self._vtable(loss, params)
+        ls, gr, gq, gk, iq, ik = self._row_grads(loss, params, V)
+        nb = jnp.asarray(n_b, ls.dtype)
+        R = V.shape[1]
+        b = jnp.asarray(bid)
+        rows = jnp.concatenate([(b * R + iq)[:, None], b[:, None] * R + ik], axis=1)  # (N, 1 + k)
+        cot = jnp.concatenate([gq[:, :, None], gk], axis=2)  # (N, n_comp, 1 + k, dv)
+        cot = jnp.moveaxis(cot, 1, 2).reshape(-1, V.shape[0], V.shape[2])  # rows, then (n_comp, dv)
+        T = jax.ops.segment_sum(cot, rows.reshape(-1), num_segments=B * R)  # (B·R, n_comp, dv)
+        T = jnp.moveaxis(T.reshape(B, R, V.shape[0], V.shape[2]), 2, 1)  # (B, n_comp, R, dv)
+        names = tuple(m.vector_blocks)
+        _, vjp = jax.vjp(lambda vb: self._vtable(loss, params.with_blocks(vb)), {k: params.get(k) for k in names})
+        gv = jax.vmap(lambda t: vjp(t)[0])(T)
+        gb = {k: g / nb.reshape((B,) + (1,) * (g.ndim - 1)) for k, g in gv.items()}
+        gb.update({k: _segment_mean(v, b, B, nb) for k, v in gr.items()})
+        return _complete(params, gb, B), ls
+
+    def per_sequence_grads(self, loss, params):
+        m = loss.member
+        V = self._vtable(loss, params)
+        ls, gr, gq, gk, iq, ik = self._row_grads(loss, params, V)
+        names = tuple(m.vector_blocks)
+        fn = lambda vb: self._vtable(loss, params.with_blocks(vb))  # noqa: E731
+        J = jax.jacfwd(fn)({k: params.get(k) for k in names})  # (n_comp, R, dv, *block)
+        sizes = [int(np.prod(np.shape(params.get(k)))) for k in names]
+        Jf = jnp.concatenate([J[k].reshape(J[k].shape[:3] + (n,)) for k, n in zip(names, sizes)], axis=-1)
+        offs = np.cumsum([0] + sizes)
+
+        def one(gq, gk, iq, ik):
+            g = jnp.einsum("cd,cdp->p", gq, Jf[:, iq]) + jnp.einsum("ckd,ckdp->p", gk, Jf[:, ik])
+            return {k: g[offs[i] : offs[i + 1]].reshape(np.shape(params.get(k))) for i, k in enumerate(names)}
+
+        gv = seqmap(one, (gq, gk, iq, ik), loss.chunk)
+        return ls, _complete(params, {**gv, **gr}, loss.N)
+
+    def stage_cache(self, loss, params, moves):
+        m = loss.member
+        if set(moves) <= set(m.readout_blocks):
+            V = self._vtable(loss, params)
+            return jax.vmap(lambda q, keys: self._z(loss, params, V, q, keys))(self.Gs, self.G)
+        if not set(moves) & set(m.vector_blocks):  # the vectors are frozen: tabulate them once
+            return self._vtable(loss, params)
+        return None
+
+    def stage_loss(self, loss, frozen, moves, cache, y):
+        m, ch = loss.member, loss.chunk
+        p = frozen.with_blocks(y)
+        if set(moves) <= set(m.readout_blocks):
+            fn = lambda row, counts, cond: m.readout(p, row, counts, cond, loss.eps, loss.kind)  # noqa: E731
+            return jnp.mean(seqmap(fn, (cache, self.counts, self.cond), ch))
+        fn = lambda q, keys, counts, cond: m.readout(p, self._z(loss, p, cache, q, keys), counts, cond, loss.eps,  # noqa: E731
+                                                     loss.kind)  # fmt: skip
+        return jnp.mean(seqmap(fn, self._sargs(), ch))
+
+    def table_size(self, loss) -> int:
+        nQ, nK = self._sizes(loss)
+        return nQ + nK * (loss.d if loss.member.own_token else 1)
+
+
 # Largest (batches × sparse table entries) for which the batch gradients of the
 # sparse layout are summed on the table (as for counts); above, per sequence.
 MAX_BATCH_TABLE = 2**23
@@ -475,12 +610,12 @@ def _sparse_distinct(X, span: int, d: int):
 
 
 @eqx.filter_jit
-def _sparse_build(X, cond, span: int, d: int, U: int, r0: int, dtype):
+def _sparse_build(X, cond, span: int, d: int, U: int, r0: int, dtype, cls=SparseCountFeatures):
     q, keys, counts, _ = jax.vmap(lambda x: _sparse_slots(x, span, d, U, r0, dtype))(X)
-    return SparseCountFeatures(X=X, G=keys, Gs=q, cond=cond.astype(dtype), counts=counts)
+    return cls(X=X, G=keys, Gs=q, cond=cond.astype(dtype), counts=counts)
 
 
-def _sparse_features(X, cond, span: int, dtype):
+def _sparse_features(X, cond, span: int, dtype, cls=SparseCountFeatures):
     """:class:`SparseCountFeatures`. ``U`` is the most distinct windows a
     sequence of the sample holds when the tokens are concrete, else (under
     a trace) its bound ``min(L, number of sparse windows)``."""
@@ -490,7 +625,7 @@ def _sparse_features(X, cond, span: int, dtype):
         U = min(L, nK)
     else:
         U = max(1, int(jnp.max(_sparse_distinct(X, span, d))))
-    return _sparse_build(X, cond, span, d, U, sparse_query_block(d, span, L)[0], dtype)
+    return _sparse_build(X, cond, span, d, U, sparse_query_block(d, span, L)[0], dtype, cls)
 
 
 def count_features_flat(Xt, L: int, cond, span: int, dtype) -> CountFeatures:
@@ -531,7 +666,8 @@ def features(sample: Sample, member, *, layout: str = "counts", dtype=jnp.float6
 
     ``layout="counts"`` gives :class:`CountFeatures`, ``"positions"``
     :class:`PositionFeatures`, ``"heads"`` :class:`HeadFeatures`, ``"sparse"``
-    :class:`SparseCountFeatures`. All give the same loss to rounding.
+    :class:`SparseCountFeatures`, ``"vectors"`` :class:`VectorFeatures`. All give the same loss to
+    rounding.
     """
     if isinstance(member, ModelConfig):
         member = member_of(member)
@@ -542,6 +678,8 @@ def features(sample: Sample, member, *, layout: str = "counts", dtype=jnp.float6
         return _count_features(sample.X, sample.cond, member.span, dtype)
     if layout == "sparse":
         return _sparse_features(sample.X, sample.cond, member.span, dtype)
+    if layout == "vectors":
+        return _sparse_features(sample.X, sample.cond, member.span, dtype, VectorFeatures)
     if layout == "positions":
         return _position_features(sample.X, sample.cond, member, dtype)
     return _head_features(sample.X, sample.cond, member.model, dtype)

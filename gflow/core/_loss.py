@@ -52,8 +52,9 @@ class EstimatorConfig(eqx.Module):
       layout for shifted windows), ``"sparse"`` (κ tabulated on the
       windows a sequence can show, each sequence as counts over its own
       distinct windows; exact, the fast layout for a large span, as the
-      official code's shifted windows) or ``"auto"`` (default: see
-      :func:`resolve_layout`).
+      official code's shifted windows), ``"vectors"`` (the sparse layout's arrays, κ computed per
+      sequence from the first layer's vectors instead of tabulated; exact, the members whose κ
+      also reads the key's own token) or ``"auto"`` (default: see :func:`resolve_layout`).
     - `chunk`: ``0`` (default) or the number of sequences per chunk: every
       per-sequence computation then runs chunk by chunk, rematerialised in
       the backward pass, so the working memory is O(chunk) (same result to
@@ -77,7 +78,7 @@ class EstimatorConfig(eqx.Module):
     eps: float = 1e-6
     loss: Literal["log", "ce_on_probs"] = eqx.field(static=True, default="log")
     dtype: Literal["float64", "float32"] = eqx.field(static=True, default="float64")
-    layout: Literal["auto", "counts", "positions", "heads", "sparse"] = eqx.field(static=True, default="auto")
+    layout: Literal["auto", "counts", "positions", "heads", "sparse", "vectors"] = eqx.field(static=True, default="auto")
     chunk: int = eqx.field(static=True, default=0)
     shard: bool = eqx.field(static=True, default=False)
     target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")

@@ -229,6 +229,19 @@ class AbstractWindowModel(AbstractModel):
     def sparse_from_products(self, C, products, d, L):
         return self._shaped(self.combine(C, products), d)
 
+    # -- final: the vectors layout (gflow.core.VectorFeatures) ---------------------------------
+    @property
+    def vector_blocks(self) -> tuple[str, ...]:
+        """The blocks :meth:`vectors` reads: the first layer, which Stage II trains."""
+        return self.stage_moves["II"]
+
+    def vector_table(self, p, d, L):
+        """The components' vectors of every query window of the sparse layout and of every (own
+        token, window) key, ``((n_comp, nQ, dv), (n_comp, [d·]nK, dv))``."""
+        Q, W = self._sparse(d, L)
+        kw, own = self._keys(W, d)
+        return self.vectors(p, Q, None, query=True, d=d), self.vectors(p, kw, own, query=False, d=d)
+
     # -- final: the positions layout -----------------------------------------------------------
     @property
     def reads_match_tensors(self) -> bool:
@@ -263,10 +276,14 @@ class AbstractWindowModel(AbstractModel):
     # -- final: structure shared by the window members ----------------------------------------
     @property
     def layouts(self) -> tuple[str, ...]:
-        return ("counts", "positions", "sparse")
+        return ("counts", "positions", "sparse", "vectors")
 
     def auto_layout(self, d: int) -> str:
-        return table_layout(d, self.span)
+        """The paper's choice (counts up to 512 windows, then sparse, then positions), except that a
+        κ table that also reads the key's own token, beyond the counts layout, is not tabulated:
+        the vectors layout (the official Full model's)."""
+        lay = table_layout(d, self.span)
+        return "vectors" if lay != "counts" and self.own_token else lay
 
     @property
     def has_table_hessian(self) -> bool:

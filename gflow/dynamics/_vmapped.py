@@ -115,7 +115,7 @@ def sample_bytes(config: Config) -> int:
     numbers (``N·(L+1)·M²`` more with ``norm = "layer"``), the tokens and
     ``π(·|z_q)``; sparse layout: at most ``U = min(L, Σ_p d^(span−p))``
     window slots (``d`` counts and a window each), the query window, the
-    tokens and ``π(·|z_q)``. ``M`` is the span (``H+M−1`` for shifted
+    tokens and ``π(·|z_q)`` (the vectors layout: the same arrays). ``M`` is the span (``H+M−1`` for shifted
     windows). In ``estimator.dtype`` (8 or 4 bytes; integers 8)."""
     est, data, model = config.estimator, config.data, config.model
     N, d, M, L = est.N, data.d, model.span, data.L
@@ -123,7 +123,7 @@ def sample_bytes(config: Config) -> int:
     layout = resolve_layout(est.layout, d, model)
     if layout == "counts":
         return N * (d * (d + 1) ** M * item + 8 + d * item)
-    if layout == "sparse":
+    if layout in ("sparse", "vectors"):
         U = min(L, int(sparse_window_blocks(d, M)[-1]))
         return N * (U * (d * item + 8) + 8 + L * 8 + d * item)
     self_match = (L + 1) * M * M * item if model.norm == "layer" else 0

@@ -114,7 +114,7 @@ class EvalResult:
     - `fields`: the swept fields; `rows`: one flat dict per point (the point's
       values, ``loss`` ± ``loss_se`` of θ, ``unseen``, every rung's mean and
       SE, the gaps with their paired SEs, ``a_gih``, ``captured``);
-    - `ladders`: the :class:`~gflow.ladder.Ladder` of each point;
+    - `ladders`: the :class:`~gflow.Ladder` of each point;
     - `S`: the GIH's set; `run_loss`: the run's final loss; `files`: what
       was written.
     """

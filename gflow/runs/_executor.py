@@ -90,7 +90,7 @@ class GridIncomplete(RuntimeError):
     """A grid whose points were not all computed because their workers were lost.
 
     `lost`: ``{index: why}``; `result`: what the grid's function returns, for the points that
-    were (a :class:`PhaseResult`, :class:`SweepResult`, … or ``None``). Everything finished is
+    were (a :class:`gflow.PhaseResult`, :class:`gflow.SweepResult`, … or ``None``). Everything finished is
     written; running the grid again computes the lost points."""
 
     def __init__(self, what: str, lost: dict[int, str], result: Any = None, hint: str = ""):

@@ -78,13 +78,14 @@ import numpy as np
 
 from .._util import atomic_write_text, format_cell, write_csv
 from ..config import Config, from_dict
-from ..core import init_params, subset_label
+from ..core import init_params, member_of, subset_label
 from ..figures import phase_row, plot_phase
 from ..theory import (
     TIE_RTOL,
     make_gih,
     modified_chi2_ranking,
     predicted_stage1_duration,
+    ranking_of_sets,
     stage1_rates,
     stage3_law,
 )
@@ -118,6 +119,7 @@ THEORY_COLUMNS = (
     "S_star", "Itilde_gap", "Itilde_gap_se", "Itilde_uncertain",
     "argmax_J", "J_gap", "J_gap_se", "J_uncertain", "rankings_agree", "stage1_duration",
     "C_star", "window_lo", "window_hi", "a_star", "limit_loss", "a_star_S_star", "limit_loss_S_star",
+    "S_chi2", "S_mi",
 )  # fmt: skip
 FLOW_COLUMNS = (
     "status", "selected", "t_event_I", "t_event_II", "a_end", "loss_end", "t_half_loss",
@@ -218,10 +220,13 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     dd = cfg.to_dict()
     sets = cfg.model.subsets
     prior = {k: v for k, v in dd["data"].items() if k in ("d", "parents", "alpha", "kernel")}
-    rk = _key(prior, sets, n_pi, pi_seed)
+    member = member_of(cfg.model)
+    reads = tuple(member.set_offsets(S) or () for S in sets)  # a member's sets through the offsets they read
+    rk = _key(prior, reads, n_pi, pi_seed)
     if rk not in cache.ranking:
-        cache.ranking[rk] = modified_chi2_ranking(cfg.data, sets, n_pi=n_pi, key=jax.random.key(pi_seed))
-    rank = cache.ranking[rk]
+        cache.ranking[rk] = modified_chi2_ranking(cfg.data, tuple(dict.fromkeys(reads)), n_pi=n_pi,
+                                                  key=jax.random.key(pi_seed))  # fmt: skip
+    rank = ranking_of_sets(cache.ranking[rk], sets, reads)
 
     lk = _sample_key(cfg)
     if lk not in cache.loss:
@@ -232,7 +237,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     cache.loss.move_to_end(lk)
 
     params = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L)
-    rates = stage1_rates(loss, params.w)
+    rates = stage1_rates(loss, params.first_layer)
     J = np.asarray(rates.J)
     order = np.argsort(-J, kind="stable")
     iJ = int(order[0])
@@ -248,7 +253,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     def law_of(S):
         k = _key(lk, S)
         if k not in cache.law:
-            cache.law[k] = _law_numbers(stage3_law(make_gih(loss, S)))
+            cache.law[k] = _law_numbers(stage3_law(make_gih(loss, member.set_offsets(S) or ())))
         return cache.law[k]
 
     law = law_of(S_J)
@@ -270,6 +275,8 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
         **law,
         "a_star_S_star": star["a_star"],
         "limit_loss_S_star": star["limit_loss"],
+        "S_chi2": subset_label(rank.S_chi2),
+        "S_mi": None if rank.S_mi is None else subset_label(rank.S_mi),
     }
 
 

@@ -498,7 +498,7 @@ def _run_chunks_on(engine, batches, cfgs, dirs, again, notes: list[str], *, over
 
 def replicates_task(payload: dict[str, Any]) -> dict[str, Any]:
     """One chunk of replicates in a worker (:mod:`gflow.runs._executor`): integrated together
-    (:func:`gflow.vmapped.integrate_batch`, as :func:`run_replicates` does in this process) in
+    (:func:`gflow.integrate_batch`, as :func:`run_replicates` does in this process) in
     scratch folders (holding ``files``, those resumed), each complete one checked. **Returns**
     the trajectories, the errors (text), the reports, each folder's files and the chunk's wall time."""
     cfgs = [from_dict(c) for c in payload["configs"]]

@@ -36,7 +36,9 @@ from ._result import covers as covers
 from ._stage1 import TIE_RTOL as TIE_RTOL
 from ._stage1 import chi2_mi as chi2_mi
 from ._stage1 import modified_chi2_ranking as modified_chi2_ranking
+from ._stage1 import mutual_information as mutual_information
 from ._stage1 import predicted_stage1_duration as predicted_stage1_duration
+from ._stage1 import ranking_of_sets as ranking_of_sets
 from ._stage1 import stage1_rates as stage1_rates
 from ._stage1 import unrepresented_parents as unrepresented_parents
 from ._text import format_theory as format_theory

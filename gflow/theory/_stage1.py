@@ -3,7 +3,7 @@
 - the modified χ²-mutual information ``Ĩ(S)`` of one kernel (:func:`chi2_mi`) and its
   prior average with paired standard errors, the ranking of 𝒮 and ``S* = argmax Ĩ``
   (:func:`modified_chi2_ranking`), beside the ordinary χ²-MI and the ordinary mutual
-  information (``mutual_information``) and their own winners;
+  information (:func:`gflow.theory.mutual_information`) and their own winners;
 - the rates ``J(S) = −∂L̂/∂a`` at ``a = 0``, ``c = e_S`` on the run's own sample
   (:func:`stage1_rates`), the first-order rate and the predicted ``d/dt log c_S``
   (``first_order_slope``, ``dlogc_dt``, ``log_ratio_slope`` of ``gflow.theory._rates``);
