@@ -102,6 +102,26 @@ SLOW = {
     "tests/test_sgd.py::test_sde_without_noise_is_the_flow",
     "tests/test_sgd.py::test_sharded_sgd_on_two_devices",
     "tests/test_spectrum.py::test_modified_field_norm_identity",
+    # the model family and the theorist's API (default-suite cover in brackets)
+    "tests/test_member_paths.py::test_member_spectrum_is_the_dense_hessian",  # [test_spectrum]
+    "tests/test_member_paths.py::test_member_export_cache_is_bit_for_bit",  # [test_export_cache_key_and_fallback]
+    "tests/test_member_paths.py::test_member_modified_flow_at_eta_zero_is_the_flow",  # [test_modified_eta0_is_flow]
+    "tests/test_member_paths.py::test_member_run_resumes_where_it_stopped",  # [test_resume_extends_stage3]
+    "tests/test_member_paths.py::test_member_evaluation_off_the_training_distribution",  # [test_evaluate]
+    "tests/test_members.py::test_neutral_members_stage_I_flow_is_the_papers[token]",  # [value], [residual]
+    "tests/test_members.py::test_full_model_equals_the_official_forward_pass[1-sum]",  # [0-sum]
+    "tests/test_members.py::test_full_model_equals_the_official_forward_pass[3-layer]",  # [2-layer]
+    "tests/test_api.py::test_unrepresented_parents_warn_in_dry_run_theory_and_report",
+    "tests/test_replicates.py::test_batch_replicates_keep_their_own_events_and_clocks",  # [test_failed_replicate_is_kept]
+    "tests/test_evaluate.py::test_eval_builds_the_runs_own_loss_for_the_official_options",
+    "tests/test_second.py::test_table_hessian_and_hvp_are_jax_second_derivatives[sparse-official-ce]",
+    "tests/test_members.py::test_neutral_values_give_the_papers_model[token]",  # [value], [residual], [absolute]
+    "tests/test_members.py::test_neutral_members_stage_I_flow_is_the_papers[value]",  # [residual]
+    "tests/test_members.py::test_full_model_equals_the_official_forward_pass[0-sum]",  # [2-layer]
+    "tests/test_members.py::test_loss_and_gradient_agree_across_layouts[paper]",  # [test_loss.py::test_layouts_agree]
+    "tests/test_members.py::test_relabelling_symmetry_keeps_token_matrices_in_span_I_11",  # [its sample's permutations]
+    "tests/test_replicates.py::test_batch_replicate_that_fails_leaves_the_others",  # [test_failed_replicate_is_kept]
+    "tests/test_api.py::test_theory_report_takes_a_config",
 }
 
 

@@ -146,7 +146,7 @@ def test_config_reference_has_every_key():
     rows = {r["key"]: r for r in hooks.config_keys()}
     assert set(rows) == set(C._KEY_TYPES)
     assert rows["data.L"]["default"] == "100" and "integer" in rows["data.L"]["type"]
-    assert rows["estimator.layout"]["allowed"] == "one of ('auto', 'counts', 'positions', 'heads', 'sparse')"
+    assert rows["estimator.layout"]["allowed"] == "one of ('auto', 'counts', 'positions', 'heads', 'sparse', 'vectors')"
     assert rows["model.D"]["allowed"].startswith("an integer in [0, H=3]")
     assert all(r["meaning"] for r in rows.values()), [k for k, r in rows.items() if not r["meaning"]]
     md = hooks.config_keys_markdown()

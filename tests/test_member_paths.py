@@ -179,7 +179,7 @@ save_per_decade = 2
 """
 
 
-@pytest.mark.parametrize("member", [m if m == "token" else pytest.param(m, marks=pytest.mark.slow) for m in MEMBERS])
+@pytest.mark.parametrize("member", [m if m == "value" else pytest.param(m, marks=pytest.mark.slow) for m in MEMBERS])
 def test_every_member_runs_through_gflow_run(tmp_path, member):
     """``gflow run`` of each member from a TOML file: exit 0 or 1 (a verdict), a complete run folder
     with the member's blocks, a report whose paper rows say there is no law for a member
