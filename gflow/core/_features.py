@@ -38,6 +38,13 @@ from ._paper import (
 LAYOUTS = ("counts", "positions", "heads", "sparse", "vectors")
 
 
+def _readout_mean(loss, p, rows, counts, cond):
+    """A stage's loss when only the readout moves: the readout of every sequence's cached
+    attention row, averaged (the stage caches of the table layouts)."""
+    fn = lambda row, c, y: loss.member.readout(p, row, c, y, loss.eps, loss.kind)  # noqa: E731
+    return jnp.mean(seqmap(fn, (rows, counts, cond), loss.chunk))
+
+
 def _segment_mean(x, bid, B: int, nb):
     return jax.ops.segment_sum(x, bid, num_segments=B) / nb.reshape((B,) + (1,) * (x.ndim - 1))
 
@@ -184,8 +191,7 @@ class CountFeatures(eqx.Module):
         m, ch = loss.member, loss.chunk
         p = frozen.with_blocks(y)
         if set(moves) <= set(m.readout_blocks):
-            fn = lambda row, counts, cond: m.readout(p, row, counts, cond, loss.eps, loss.kind)  # noqa: E731
-            return jnp.mean(seqmap(fn, (cache, self.counts, self.cond), ch))
+            return _readout_mean(loss, p, cache, self.counts, self.cond)
         table = m.counts_from_products(y["C"], cache, loss.d)
         fn = lambda q, counts, cond: m.readout(p, table[q], counts, cond, loss.eps, loss.kind)  # noqa: E731
         return jnp.mean(seqmap(fn, self._args(), ch))
@@ -375,8 +381,7 @@ class SparseCountFeatures(PositionFeatures):
         m, ch = loss.member, loss.chunk
         p = frozen.with_blocks(y)
         if set(moves) <= set(m.readout_blocks):
-            fn = lambda row, counts, cond: m.readout(p, row, counts, cond, loss.eps, loss.kind)  # noqa: E731
-            return jnp.mean(seqmap(fn, (cache, self.counts, self.cond), ch))
+            return _readout_mean(loss, p, cache, self.counts, self.cond)
         table = m.sparse_from_products(y["C"], cache, loss.d, self.X.shape[-1])
         fn = lambda q, keys, counts, cond: m.readout(p, self._entries(table, q, keys), counts, cond, loss.eps,  # noqa: E731
                                                      loss.kind)  # fmt: skip
@@ -513,8 +518,7 @@ class VectorFeatures(SparseCountFeatures):
         m, ch = loss.member, loss.chunk
         p = frozen.with_blocks(y)
         if set(moves) <= set(m.readout_blocks):
-            fn = lambda row, counts, cond: m.readout(p, row, counts, cond, loss.eps, loss.kind)  # noqa: E731
-            return jnp.mean(seqmap(fn, (cache, self.counts, self.cond), ch))
+            return _readout_mean(loss, p, cache, self.counts, self.cond)
         fn = lambda q, keys, counts, cond: m.readout(p, self._z(loss, p, cache, q, keys), counts, cond, loss.eps,  # noqa: E731
                                                      loss.kind)  # fmt: skip
         return jnp.mean(seqmap(fn, self._sargs(), ch))
