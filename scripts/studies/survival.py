@@ -22,8 +22,14 @@ default durations and events) and, member by member:
   a = 0), each with its paired standard error;
 - the stage timings: where Stage I and II ended (event, steady or duration) and at what time.
 
-It writes ``--out``/``<member>_p<parents>/`` run folders (resumable), ``survival.json`` and
-prints the results page's table; ``--plot`` draws ``figures/survival.png``.
+A member whose integration fails (the default tsit5 at rtol 10⁻⁸ can run out of steps where a
+LayerNorm makes the flow stiff) does not stop the study: the failure (solver, stage, time,
+reason) is recorded in its row and the run is made again with kvaerno5 (``--retry``); the row
+says which solver its numbers come from, or that they are the partial run's.
+
+It writes ``--out``/``<member>_p<parents>[_<solver>]/`` run folders (resumable; a stored
+failed run is reported, not retried), ``survival.json`` and prints the results page's table;
+``--plot`` draws ``figures/survival.png``.
 
 Usage::
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -68,9 +75,10 @@ VARIANTS = {
 MEMBER = {"token_factorised": "token", "value_ln": "value"}
 
 
-def config_of(variant: str, parents, N: int, L: int) -> gflow.Config:
+def config_of(variant: str, parents, N: int, L: int, method: str = "tsit5") -> gflow.Config:
     model = {"member": MEMBER.get(variant, variant), **VARIANTS[variant]}
-    return gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model)
+    return gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model,
+                                  solver={"method": method})  # fmt: skip
 
 
 def _theta(tr, i) -> Params:
@@ -137,17 +145,52 @@ def growth_slope(tr, values, a0: float) -> tuple[float, float, float] | None:
     return slope, float(tau[ok][0]), float(tau[ok][-1])
 
 
-def study_one(variant: str, parents, N: int, L: int, out: Path) -> dict:
-    cfg = config_of(variant, parents, N, L)
-    folder = out / f"{variant}_p{''.join(map(str, parents))}"
-    t0 = time.perf_counter()
+def _integrate(cfg: gflow.Config, folder: Path):
+    """The run in `folder` (resumed or started); a failed integration returns its FlowError."""
     try:
-        tr = gflow.load(folder)
-        if not tr.integrated:
-            tr = gflow.integrate(cfg, out=folder, resume=True)
-    except (FileNotFoundError, ValueError):
-        tr = gflow.integrate(cfg, out=folder, overwrite=True)
+        try:
+            tr = gflow.load(folder)
+            if tr.integrated:
+                return tr, None
+            m = re.match(r"failed: Stage (\S+) at t = (\S+): (.*)", tr.status or "")
+            if m:  # the stored run failed: keep its record rather than fail again
+                return tr, {"stage": m[1], "t": float(m[2]), "reason": m[3]}
+            return gflow.integrate(cfg, out=folder, resume=True), None
+        except (FileNotFoundError, ValueError):
+            return gflow.integrate(cfg, out=folder, overwrite=True), None
+    except gflow.FlowError as e:
+        reason = str(e).split(": ", 1)[-1].split(" (partial trajectory")[0]
+        return e.trajectory, {"stage": e.stage, "t": float(e.t), "reason": reason}
+
+
+def study_one(variant: str, parents, N: int, L: int, out: Path, retry: str | None = "kvaerno5") -> dict:
+    """One member at one parent set: the row of the table. A failed integration is recorded
+    (its stage, time and reason) and, with `retry`, the run is made again with that solver; the
+    row says which solver its numbers come from and what failed before."""
+    tag = f"{variant}_p{''.join(map(str, parents))}"
+    t0 = time.perf_counter()
+    cfg = config_of(variant, parents, N, L)
+    tr, fail = _integrate(cfg, out / tag)
+    failures = []
+    if fail is not None:
+        failures.append({"method": cfg.solver.method, **fail})
+        if retry:
+            cfg = config_of(variant, parents, N, L, method=retry)
+            tr, fail = _integrate(cfg, out / f"{tag}_{retry}")
+            if fail is not None:
+                failures.append({"method": retry, **fail})
     wall = time.perf_counter() - t0
+    row = {"variant": variant, "member": cfg.model.member, "options": VARIANTS[variant], "parents": list(parents),
+           "N": N, "L": L, "method": cfg.solver.method, "failures": failures, "completed": fail is None, "wall": wall}  # fmt: skip
+    try:
+        row.update(summarise(cfg, tr, parents))
+    except (IndexError, ValueError) as e:  # a run that failed before Stage I ended has no set to report
+        row["summary_error"] = str(e)
+    return row
+
+
+def summarise(cfg: gflow.Config, tr, parents) -> dict:
+    """The numbers of one run (complete or the partial trajectory of a failed one)."""
     model = cfg.model
     member = member_of(model)
     loss = make_loss(cfg.data, model, cfg.estimator)
@@ -173,13 +216,12 @@ def study_one(variant: str, parents, N: int, L: int, out: Path) -> dict:
     stages = [{"name": r.name, "ended_by": r.ended_by, "t0": r.t0, "t1": r.t1, "nfev": r.nfev, "wall": r.wall}
               for r in tr.stages]  # fmt: skip
     return {
-        "variant": variant, "member": model.member, "options": VARIANTS[variant], "parents": list(parents),
-        "N": N, "L": L, "selected": list(S), "share": share, "offsets": None if offs is None else list(offs),
+        "selected": list(S), "share": share, "offsets": None if offs is None else list(offs),
         "parents_picked": offs is not None and tuple(offs) == tuple(parents),
         "attention_on_parents": attn, "token_dependence": tok,
         "a_end": float(tr.a[-1]), "slope": None if slope is None else slope[0],
         "slope_window": None if slope is None else slope[1:], "temperature": temp,
-        "rungs": rungs, "gaps": gaps, "loss_end": float(tr.loss[-1]), "stages": stages, "wall": wall,
+        "rungs": rungs, "gaps": gaps, "loss_end": float(tr.loss[-1]), "stages": stages,
         "extra_end": {b: float(np.linalg.norm(v[-1] - v[0])) for b, v in tr.x.items()},
     }  # fmt: skip
 
@@ -189,6 +231,12 @@ def table(results: list[dict]) -> str:
             "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in results:
+        P = f"({','.join(map(str, r['parents']))})"
+        fails = "; ".join(f"{f['method']} failed in Stage {f['stage']} at t = {f['t']:.4g} ({f['reason']})"
+                          for f in r.get("failures", []))  # fmt: skip
+        if "selected" not in r:
+            lines.append(f"| {r['variant']} | {P} |" + " — |" * 9 + f" {fails} |")
+            continue
         S = gflow.core.subset_label(tuple(r["selected"]))
         offs = "—" if r["offsets"] is None else gflow.core.subset_label(tuple(r["offsets"]))
         att = ", ".join(f"h{h}: {v:.3f}" for h, v in r["attention_on_parents"].items()) or "—"
@@ -198,8 +246,12 @@ def table(results: list[dict]) -> str:
             sl += f" (ω: {r['temperature']['slope']:.2f})"
         g = {k: f"{m:+.4f} ± {se:.4f}" for k, (m, se) in r["gaps"].items()}
         st = " / ".join(f"{s['ended_by']} {s['t1'] - s['t0']:.3g}" for s in r["stages"][:2])
+        if fails:
+            st += f"; {fails}" + ("" if r.get("completed", True) else " — numbers from the partial run")
+            if r.get("completed", True):
+                st += f"; numbers from {r['method']}"
         mark = "" if r["parents_picked"] else " ✗"
-        lines.append(f"| {r['variant']} | ({','.join(map(str, r['parents']))}) | {S} ({r['share']:.3f}) | {offs}{mark} | "
+        lines.append(f"| {r['variant']} | {P} | {S} ({r['share']:.3f}) | {offs}{mark} | "
                      f"{att} | {tok} | {sl} | {g['flow-bayes']} | {g['flow-gih']} | {g['flow-unigram']} | {st} |")  # fmt: skip
     return "\n".join(lines)
 
@@ -216,8 +268,10 @@ def plot(results: list[dict], out: Path, path: Path) -> None:
     for row, P in enumerate(parents_sets):
         rs = [r for r in results if tuple(r["parents"]) == P]
         ax_c, ax_a, ax_l = axes[row]
+        rs = [r for r in rs if "selected" in r]
         for k, r in enumerate(rs):
-            tr = gflow.load(out / f"{r['variant']}_p{''.join(map(str, P))}")
+            tag = f"{r['variant']}_p{''.join(map(str, P))}"
+            tr = gflow.load(out / (tag if r.get("method", "tsit5") == "tsit5" else f"{tag}_{r['method']}"))
             col = plt.cm.tab20(k / max(1, len(rs) - 1))
             S = tuple(r["selected"])
             j = tr.subsets.index(S)
@@ -248,6 +302,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "survival")
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--retry", default="kvaerno5", help="the solver a failed run is made again with ('' for none)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "survival.json"
@@ -257,9 +312,12 @@ def main() -> None:
             parents = tuple(int(x) for x in P.split(","))
             for v in args.members.split(","):
                 results = [r for r in results if not (r["variant"] == v and tuple(r["parents"]) == parents)]
-                r = study_one(v, parents, args.N, args.L, args.out)
-                print(f"{v} {parents}: picks {r['selected']} ({r['share']:.3f}), offsets {r['offsets']}, "
-                      f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
+                r = study_one(v, parents, args.N, args.L, args.out, retry=args.retry or None)
+                if r["failures"]:
+                    print(f"{v} {parents}: failures {r['failures']}", flush=True)
+                if "selected" in r:
+                    print(f"{v} {parents} ({r['method']}): picks {r['selected']} ({r['share']:.3f}), offsets {r['offsets']}, "
+                          f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
                 results.append(r)
                 store.write_text(json.dumps(results, indent=1, default=float))
     order = {v: i for i, v in enumerate(VARIANTS)}
