@@ -20,21 +20,26 @@ default durations and events) and, member by member:
 - the loss at the end against the loss ladder's model-free rungs on the run's own sample:
   Bayes, the GIH limit of the true parents (inf_a L_GIH), the context unigram (the GIH at
   a = 0), each with its paired standard error;
-- the stage timings: where Stage I and II ended (event, steady or duration) and at what time.
+- the stage timings: where Stage I and II ended (event, steady or duration) and at what time,
+  and each stage's wall time (of the run the numbers come from, on the machine as loaded then).
 
-A member whose integration fails (the default tsit5 at rtol 10⁻⁸ can run out of steps where a
-LayerNorm makes the flow stiff) does not stop the study: the failure (solver, stage, time,
+A member whose integration fails (the default tsit5 at rtol 10⁻⁸ runs out of steps where a
+LayerNorm makes the flow stiff, or where a stage's vector field is round-off noise; the study caps
+the steps per decade of saves at ``MAX_STEPS``) does not stop the study: the failure (solver, stage, time,
 reason) is recorded in its row and the run is made again with kvaerno5 (``--retry``); the row
 says which solver its numbers come from, or that they are the partial run's.
 
 It writes ``--out``/``<member>_p<parents>[_<solver>]/`` run folders (resumable; a stored
 failed run is reported, not retried), ``survival.json`` and prints the results page's table;
-``--plot`` draws ``figures/survival.png``.
+``--plot`` draws ``figures/survival.png`` and copies the json beside it (``figures/survival.json``,
+from which the page's table is rendered and checked: tests/test_study_pages.py).
 
 Usage::
 
-    python3 scripts/studies/survival.py --N 4000                 # every member, both parent sets
+    python3 scripts/studies/survival.py --N 1000 --L 40 --plot   # the results page's runs, both parent sets
+    python3 scripts/studies/survival.py --N 4000                 # every member at L = 100
     python3 scripts/studies/survival.py --members paper,full --parents 1,2
+    python3 scripts/studies/survival.py --members value_ln --method kvaerno5   # skip a known tsit5 failure
     python3 scripts/studies/survival.py --table-only             # from survival.json
 """
 
@@ -75,10 +80,17 @@ VARIANTS = {
 MEMBER = {"token_factorised": "token", "value_ln": "value"}
 
 
-def config_of(variant: str, parents, N: int, L: int, method: str = "tsit5") -> gflow.Config:
+# steps per decade of saved times: the staged default takes at most a few thousand; a stage whose
+# vector field sits at the float64 round-off floor (a member whose Stage II leaves a stationary, so
+# that Stage III's ∂L/∂a is ±10⁻⁷ noise) makes tsit5's error control crawl at dt ≈ 10⁻³, and the
+# cap makes such a run fail in minutes (and be made again with `retry`) instead of in days
+MAX_STEPS = 20_000
+
+
+def config_of(variant: str, parents, N: int, L: int, method: str = "tsit5", max_steps: int = MAX_STEPS) -> gflow.Config:
     model = {"member": MEMBER.get(variant, variant), **VARIANTS[variant]}
     return gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model,
-                                  solver={"method": method})  # fmt: skip
+                                  solver={"method": method, "max_steps": max_steps})  # fmt: skip
 
 
 def _theta(tr, i) -> Params:
@@ -163,19 +175,24 @@ def _integrate(cfg: gflow.Config, folder: Path):
         return e.trajectory, {"stage": e.stage, "t": float(e.t), "reason": reason}
 
 
-def study_one(variant: str, parents, N: int, L: int, out: Path, retry: str | None = "kvaerno5") -> dict:
+def study_one(variant: str, parents, N: int, L: int, out: Path, retry: str | None = "kvaerno5",
+              method: str = "tsit5", max_steps: int = MAX_STEPS) -> dict:
     """One member at one parent set: the row of the table. A failed integration is recorded
     (its stage, time and reason) and, with `retry`, the run is made again with that solver; the
-    row says which solver its numbers come from and what failed before."""
+    row says which solver its numbers come from and what failed before. `method` is the first
+    solver (its run folder is ``<member>_p<parents>_<method>`` unless it is tsit5); `max_steps`
+    caps its steps per decade of saves (a stored unfinished run resumes under the new cap, so a
+    smaller cap turns a run that would take too long into a recorded failure with its partial
+    trajectory)."""
     tag = f"{variant}_p{''.join(map(str, parents))}"
     t0 = time.perf_counter()
-    cfg = config_of(variant, parents, N, L)
-    tr, fail = _integrate(cfg, out / tag)
+    cfg = config_of(variant, parents, N, L, method=method, max_steps=max_steps)
+    tr, fail = _integrate(cfg, out / (tag if method == "tsit5" else f"{tag}_{method}"))
     failures = []
     if fail is not None:
         failures.append({"method": cfg.solver.method, **fail})
         if retry:
-            cfg = config_of(variant, parents, N, L, method=retry)
+            cfg = config_of(variant, parents, N, L, method=retry, max_steps=max_steps)
             tr, fail = _integrate(cfg, out / f"{tag}_{retry}")
             if fail is not None:
                 failures.append({"method": retry, **fail})
@@ -228,7 +245,7 @@ def summarise(cfg: gflow.Config, tr, parents) -> dict:
 
 def table(results: list[dict]) -> str:
     head = ("| member | parents | selector picks (share) | reads offsets | attention on parents, per head | "
-            "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end |")
+            "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end (wall I + II + III) |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in results:
         P = f"({','.join(map(str, r['parents']))})"
@@ -246,6 +263,7 @@ def table(results: list[dict]) -> str:
             sl += f" (ω: {r['temperature']['slope']:.2f})"
         g = {k: f"{m:+.4f} ± {se:.4f}" for k, (m, se) in r["gaps"].items()}
         st = " / ".join(f"{s['ended_by']} {s['t1'] - s['t0']:.3g}" for s in r["stages"][:2])
+        st += " (" + " + ".join(f"{s['wall']:.0f}" for s in r["stages"]) + " s)"
         if fails:
             st += f"; {fails}" + ("" if r.get("completed", True) else " — numbers from the partial run")
             if r.get("completed", True):
@@ -303,6 +321,8 @@ def main() -> None:
     ap.add_argument("--table-only", action="store_true")
     ap.add_argument("--plot", action="store_true")
     ap.add_argument("--retry", default="kvaerno5", help="the solver a failed run is made again with ('' for none)")
+    ap.add_argument("--method", default="tsit5", help="the first solver (kvaerno5 for a member known to be stiff)")
+    ap.add_argument("--max-steps", type=int, default=MAX_STEPS, help="steps per decade of saves")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "survival.json"
@@ -312,7 +332,8 @@ def main() -> None:
             parents = tuple(int(x) for x in P.split(","))
             for v in args.members.split(","):
                 results = [r for r in results if not (r["variant"] == v and tuple(r["parents"]) == parents)]
-                r = study_one(v, parents, args.N, args.L, args.out, retry=args.retry or None)
+                r = study_one(v, parents, args.N, args.L, args.out, retry=args.retry or None, method=args.method,
+                              max_steps=args.max_steps)
                 if r["failures"]:
                     print(f"{v} {parents}: failures {r['failures']}", flush=True)
                 if "selected" in r:
@@ -325,6 +346,7 @@ def main() -> None:
     print(table(results))
     if args.plot:
         plot(results, args.out, ROOT / "figures" / "survival.png")
+        (ROOT / "figures" / "survival.json").write_text(json.dumps(results, indent=1, default=float))
 
 
 if __name__ == "__main__":
