@@ -243,6 +243,12 @@ def summarise(cfg: gflow.Config, tr, parents) -> dict:
     }  # fmt: skip
 
 
+def in_table_order(results: list[dict]) -> list[dict]:
+    """The rows by parent set, then in the order of ``VARIANTS`` (the page's order)."""
+    order = {v: i for i, v in enumerate(VARIANTS)}
+    return sorted(results, key=lambda r: (tuple(r["parents"]), order.get(r["variant"], 99)))
+
+
 def table(results: list[dict]) -> str:
     head = ("| member | parents | selector picks (share) | reads offsets | attention on parents, per head | "
             "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end (wall I + II + III) |")
@@ -341,8 +347,7 @@ def main() -> None:
                           f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
                 results.append(r)
                 store.write_text(json.dumps(results, indent=1, default=float))
-    order = {v: i for i, v in enumerate(VARIANTS)}
-    results.sort(key=lambda r: (tuple(r["parents"]), order.get(r["variant"], 99)))
+    results = in_table_order(results)
     print(table(results))
     if args.plot:
         plot(results, args.out, ROOT / "figures" / "survival.png")
