@@ -11,6 +11,7 @@ make one row again from scratch and compare it with the json.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -25,11 +26,22 @@ DOCS = ROOT / "docs" / "results"
 
 
 def _study(name: str):
-    sys.path.insert(0, str(ROOT / "scripts" / "studies"))
+    """The study script ``scripts/studies/<name>.py`` as a module of its own name
+    (``study_<name>``): ``tests/official_full.py``, the independent transcription of the
+    official forward pass, already holds the plain name in ``sys.modules``."""
+    key = f"study_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    path = ROOT / "scripts" / "studies" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    sys.path.insert(0, str(path.parent))
     try:
-        return __import__(name)
+        spec.loader.exec_module(module)
     finally:
         sys.path.pop(0)
+    return module
 
 
 def _survival() -> list[dict]:
