@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -134,3 +135,48 @@ def test_survival_paper_row_is_remade(tmp_path):
     np.testing.assert_allclose(new["share"], old["share"], rtol=1e-10)
     np.testing.assert_allclose(new["slope"], old["slope"], rtol=1e-8)
     np.testing.assert_allclose(new["gaps"]["flow-bayes"], old["gaps"]["flow-bayes"], rtol=1e-8)
+
+
+def _mi_rows() -> list[dict]:
+    return json.loads((ROOT / "figures" / "mi_question.json").read_text())
+
+
+def test_mi_question_page_has_the_studys_table():
+    """docs/results/mi-question.md carries the study's table as rendered from its json, and every
+    case of the script's grid has its row."""
+    mq = _study("mi_question")
+    rows = _mi_rows()
+    assert mq.table(rows) in (DOCS / "mi-question.md").read_text()
+    assert [(r["case"], r["d"], r["parents"], r["D"]) for r in rows] == [
+        (name, data["d"], data["parents"], D) for name, data, D in mq.CASES]
+    assert [r["L"] for r in rows] == [data.get("L", 40) for _, data, _ in mq.CASES]
+
+
+def test_mi_question_rows_follow_from_their_numbers():
+    """Each row's winners are the argmax of the values it stores (the ordinary rankings' ties
+    within relative 1e-9, smallest set named), the fixed kernels' Ĩ, χ²-MI and MI are what
+    gflow.theory computes for the kernel the script rebuilds (exact: a point-mass prior), and
+    'follows' lists the rankings whose winner Stage I selected."""
+    from gflow.theory import chi2_mi, mutual_information
+
+    mq = _study("mi_question")
+    label = gflow.core.subset_label
+    for r, (_, data, D) in zip(_mi_rows(), mq.CASES):
+        sets = [tuple(int(x) for x in k.strip("{}∅").split(",") if x) for k in r["Itilde"]]
+        for key, win, tied in (("Itilde", "S_Itilde", None), ("chi2", "S_chi2", "chi2_tied"), ("mi", "S_mi", "mi_tied")):
+            v = np.array([r[key][label(S)] for S in sets])
+            top = v.max()
+            ties = sorted((S for S, x in zip(sets, v) if x >= top - 1e-9 * abs(top)), key=lambda S: (len(S), sets.index(S)))
+            assert tuple(r[win]) == ties[0], (r["case"], key)
+            if tied:
+                assert [tuple(S) for S in r[tied]] == ties, (r["case"], key)
+        if r["kernel_index"] is not None:
+            cfg = mq.config_of(data, D, r["N"], r["L"])
+            pi = jnp.asarray(cfg.data.fixed_kernel())
+            It, ch = chi2_mi(pi, cfg.data, sets)
+            mi = mutual_information(pi, cfg.data, sets)
+            for key, vals in (("Itilde", It), ("chi2", ch), ("mi", mi)):
+                np.testing.assert_allclose([r[key][label(S)] for S in sets], np.asarray(vals), rtol=1e-12, atol=1e-15)
+        picked = {"Ĩ": r["S_Itilde"], "J": r["S_J"], "χ²-MI": r["S_chi2"], "MI": r["S_mi"]}
+        assert r["follows"] == [k for k, S in picked.items() if S == r["selected"]]
+        assert r["share"] >= 0.99 - 1e-9  # Stage I ended at its event (δ = 0.01)

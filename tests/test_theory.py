@@ -532,3 +532,28 @@ def test_stage1_duration_matches_the_integrated_linearised_flow():
         predicted_stage1_duration([0.3, 0.1], [0.5, 0.5], 0.01, 1.5)
     with pytest.raises(ValueError, match="c0 must be finite and > 0"):
         predicted_stage1_duration([0.3, 0.1], [0.5, 0.0], 0.01, 0.1)
+
+
+def test_ordinary_rankings_tie_the_parents_with_their_supersets():
+    """The ordinary χ²-MI and MI of a set holding every parent equal those of its supersets
+    (μ(e | z_S) = π(e | parents) for S ⊇ parents) to rounding, strictly exceed every set missing
+    a parent, and the winner named is the smallest tied set: the parents, not a superset
+    rounding happened to favour. Ĩ instead penalises the superset strictly."""
+    from gflow.theory import modified_chi2_ranking
+
+    sets = [(), (1,), (2,), (3,), (1, 2), (1, 3), (2, 3), (1, 2, 3)]
+    for parents, d, alpha in (((1, 2), 3, 1.0), ((1,), 2, 0.3)):
+        rk = modified_chi2_ranking(DataConfig(d=d, parents=parents, alpha=alpha, L=20), sets, n_pi=300)
+        supersets = [S for S in sets if set(parents) <= set(S)]
+        for vals in (rk.chi2, rk.mi):
+            top = vals[sets.index(tuple(parents))]
+            for S in sets:
+                if S in supersets:
+                    assert abs(vals[sets.index(S)] - top) <= 1e-12 * top
+                else:
+                    assert vals[sets.index(S)] < top * (1 - 1e-6)
+        assert rk.S_chi2 == rk.S_mi == tuple(parents)
+        assert rk.chi2_tied == rk.mi_tied == tuple(sorted(supersets, key=len))
+        assert rk.S_star == tuple(parents)
+        assert rk.Itilde[sets.index((1, 2, 3))] < rk.Itilde[sets.index(tuple(parents))] - 5 * rk.diff_se[
+            sets.index((1, 2, 3)), sets.index(tuple(parents))]

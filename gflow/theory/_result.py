@@ -197,13 +197,43 @@ class ChiSquaredRanking:
 
     @property
     def S_chi2(self) -> tuple[int, ...]:
-        """``argmax_S E_π I_χ²(S)``."""
-        return self.sets[int(np.argmax(self.chi2))]
+        """``argmax_S E_π I_χ²(S)``: of the sets tied at the maximum (:attr:`chi2_tied`), the
+        smallest (fewest offsets, then 𝒮 order)."""
+        return _smallest_maximiser(self.sets, self.chi2)[0]
 
     @property
     def S_mi(self) -> tuple[int, ...] | None:
-        """``argmax_S E_π I(S)`` (``None`` when not computed)."""
-        return None if self.mi is None else self.sets[int(np.argmax(self.mi))]
+        """``argmax_S E_π I(S)`` (``None`` when not computed): of the sets tied at the maximum
+        (:attr:`mi_tied`), the smallest."""
+        return None if self.mi is None else _smallest_maximiser(self.sets, self.mi)[0]
+
+    @property
+    def chi2_tied(self) -> tuple[tuple[int, ...], ...]:
+        """Every set whose ``E_π I_χ²`` equals the maximum to relative ``1e-9``, smallest first.
+
+        The ordinary χ²-MI and MI never decrease when offsets are added, and a set that holds
+        every parent carries all the information (``μ(e | z_S) = π(e | parents)``): each
+        superset of the parents ties with them exactly, so these rankings cannot tell the
+        parents from a superset. The winner reported is the smallest tied set, and the tie is
+        shown beside it (``gflow theory``), instead of letting rounding pick a superset."""
+        return _smallest_maximiser(self.sets, self.chi2)[1]
+
+    @property
+    def mi_tied(self) -> tuple[tuple[int, ...], ...] | None:
+        """The same as :attr:`chi2_tied` for the mutual information (``None`` when not computed)."""
+        return None if self.mi is None else _smallest_maximiser(self.sets, self.mi)[1]
+
+
+def _smallest_maximiser(sets, values) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The smallest set attaining ``max(values)`` to relative ``TIE_RTOL`` (fewest offsets, then
+    the given order) and every set attaining it, smallest first."""
+    from ._stage1 import TIE_RTOL
+
+    v = np.asarray(values, dtype=float)
+    top = float(np.max(v))
+    tied = [i for i in range(len(sets)) if v[i] >= top - TIE_RTOL * max(abs(top), 1e-300)]
+    tied.sort(key=lambda i: (len(sets[i]), i))
+    return sets[tied[0]], tuple(sets[i] for i in tied)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,6 +499,8 @@ class Theory:
                 "mutual_information_se": None if rk.mi_se is None else _fl(rk.mi_se),
                 "argmax_chi2": list(rk.S_chi2),
                 "argmax_mutual_information": None if rk.S_mi is None else list(rk.S_mi),
+                "tied_chi2": [list(S) for S in rk.chi2_tied],
+                "tied_mutual_information": None if rk.mi_tied is None else [list(S) for S in rk.mi_tied],
                 "diff_se": [_fl(r) for r in rk.diff_se],
                 "order": list(rk.order),
                 "ranking": ranking,

@@ -57,10 +57,20 @@ def format_theory(theory) -> str:
     )
     if mi.get("argmax_chi2") is not None:
         ami = mi.get("argmax_mutual_information")
+
+        def _ties(key):
+            tied = mi.get(key) or []
+            rest = [subset_label(tuple(S)) for S in tied[1:]]
+            return f" (tied with {', '.join(rest)})" if rest else ""
+
         out.append(
-            f"  the other rankings (§M10): argmax χ²-MI = {subset_label(tuple(mi['argmax_chi2']))}, "
-            f"argmax MI = {'—' if ami is None else subset_label(tuple(ami))}, argmax J = {subset_label(tuple(s1['argmax_J']))}"
+            f"  the other rankings (§M10): argmax χ²-MI = {subset_label(tuple(mi['argmax_chi2']))}{_ties('tied_chi2')}, "
+            f"argmax MI = {'—' if ami is None else subset_label(tuple(ami))}{_ties('tied_mutual_information')}, "
+            f"argmax J = {subset_label(tuple(s1['argmax_J']))}"
         )
+        if any(len(mi.get(k) or []) > 1 for k in ("tied_chi2", "tied_mutual_information")):
+            out.append("  (the ordinary χ²-MI and MI tie a set holding every parent with its supersets: "
+                       "the smallest tied set is named)")
     out.append("")
     out.append(
         f"§M6.2 Stage I rates at init (w₊={ic['w_plus']:g}, w₋={ic['w_minus']:g}, c₀={ic['c0']:g}, "
