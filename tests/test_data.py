@@ -412,3 +412,20 @@ def test_sample_deterministic():
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert not np.array_equal(np.asarray(a.X), np.asarray(c.X))
     assert not np.array_equal(np.asarray(a.pi), np.asarray(c.pi))
+
+
+def test_stationary_law_of_a_chain_rounding_made_reducible():
+    """A kernel whose row is an exact (0, 1) — what a Dirichlet(α ≲ 0.01) draw rounds to — makes
+    GTH divide by 0; the law is then the chain's limit: all mass on the absorbing state. A chain
+    GTH solves keeps its value to rounding."""
+    from gflow.core._data import stationary_distribution
+
+    P = jnp.array([[0.5, 0.5], [0.0, 1.0]])
+    np.testing.assert_array_equal(np.asarray(stationary_distribution(P)), [0.0, 1.0])
+    Q = jnp.array([[0.9, 0.1], [0.3, 0.7]])
+    np.testing.assert_allclose(np.asarray(stationary_distribution(Q)), [0.75, 0.25], rtol=1e-15)
+    # the Ĩ ranking of near-deterministic kernels is finite where it was NaN
+    from gflow.theory import modified_chi2_ranking
+
+    rk = modified_chi2_ranking(gflow.DataConfig(d=2, parents=(1, 3), alpha=0.01, L=20), [(1,), (3,), (1, 3)], n_pi=4000)
+    assert np.all(np.isfinite(rk.Itilde)) and np.all(np.isfinite(rk.mi))

@@ -157,6 +157,12 @@ def config_key(data, model, estimator, init, *, n_pi: int, pi_seed: int, eta_C: 
 # ---------------------------------------------------------------------------
 
 
+# Two values whose difference is below this (relative to the larger magnitude) are an exact tie:
+# with a fixed kernel the SE is 0, and sets that tie in exact arithmetic differ by rounding only
+# (the Ĩ ranking's close call; the ordinary rankings' superset ties).
+TIE_RTOL = 1e-9
+
+
 @dataclasses.dataclass(frozen=True)
 class ChiSquaredRanking:
     """The prior average of ``Ĩ`` and ``I_χ²`` over 𝒮 and its ranking (docs/theory/mathematics.md §M6.1).
@@ -227,8 +233,6 @@ class ChiSquaredRanking:
 def _smallest_maximiser(sets, values) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
     """The smallest set attaining ``max(values)`` to relative ``TIE_RTOL`` (fewest offsets, then
     the given order) and every set attaining it, smallest first."""
-    from ._stage1 import TIE_RTOL
-
     v = np.asarray(values, dtype=float)
     top = float(np.max(v))
     tied = [i for i in range(len(sets)) if v[i] >= top - TIE_RTOL * max(abs(top), 1e-300)]

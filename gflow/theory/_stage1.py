@@ -23,12 +23,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from .._util import mean_se
 from ..core import DataConfig, ModelConfig, Params, PopulationLoss, sample_kernels, window_law
-from ._result import ChiSquaredRanking, Stage1Duration, StageIRates
-
-# Two Ĩ values whose paired difference is below this (relative to the larger
-# |Ĩ|) are an exact tie: with a fixed kernel the SE is 0, and sets that tie in
-# exact arithmetic differ by rounding only.
-TIE_RTOL = 1e-9
+from ._result import TIE_RTOL, ChiSquaredRanking, Stage1Duration, StageIRates
 
 
 def _paired_se(x: np.ndarray) -> np.ndarray:
@@ -152,9 +147,15 @@ def mutual_information(pi: Float[Array, "K d"], cfg: DataConfig, sets) -> Float[
         keep = {W - 1 - h for h in S} | {W - 1}
         axes = tuple(t for t in range(W) if t not in keep)
         joint = (P.sum(axis=axes) if axes else P).reshape(-1, d)
-        prod = joint.sum(1)[:, None] * joint.sum(0)[None, :]
+        mz, me = joint.sum(1)[:, None], joint.sum(0)[None, :]
+        prod = mz * me
         pos = joint > 0
-        out.append(jnp.sum(jnp.where(pos, joint * jnp.log(jnp.where(pos, joint, 1.0) / jnp.where(pos, prod, 1.0)), 0.0)))
+        jp = jnp.where(pos, joint, 1.0)
+        # where the marginals' product underflows (both ~1e-200 for a near-deterministic kernel)
+        # the ratio is taken in logs; elsewhere log(joint/prod) as before
+        log_ratio = jnp.where(prod > 0, jnp.log(jp / jnp.where(prod > 0, prod, 1.0)),
+                              jnp.log(jp) - jnp.log(jnp.where(pos, mz, 1.0)) - jnp.log(jnp.where(pos, me, 1.0)))
+        out.append(jnp.sum(jnp.where(pos, joint * log_ratio, 0.0)))
     return jnp.stack(out)
 
 
