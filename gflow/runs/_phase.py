@@ -239,15 +239,12 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     params = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L)
     rates = stage1_rates(loss, params.first_layer)
     J = np.asarray(rates.J)
-    order = np.argsort(-J, kind="stable")
-    iJ = int(order[0])
-    if len(sets) > 1:
-        jJ = int(order[1])
-        J_gap, J_gap_se = float(J[iJ] - J[jJ]), float(rates.diff_se[iJ, jJ])
+    iJ, jJ, J_gap, J_gap_se = rates.top_two()
+    if jJ is not None:
         tie = J_gap <= TIE_RTOL * max(abs(J[iJ]), abs(J[jJ]), 1e-300)
         J_unc = bool(tie or J_gap <= _UNCERTAIN_SE * J_gap_se)
     else:
-        J_gap, J_gap_se, J_unc = math.inf, 0.0, False
+        J_unc = False
     S_J = sets[iJ]
 
     def law_of(S):

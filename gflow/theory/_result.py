@@ -256,6 +256,17 @@ class StageIRates:
     diff_se: np.ndarray
     L0: float
 
+    def top_two(self) -> tuple[int, int | None, float, float]:
+        """``(i, j, gap, gap_se)``: the index of argmax J, of the runner-up (``None`` for one
+        set; ties go to the earlier set), ``J_i − J_j`` and its paired SE (``inf``, 0 for one set)."""
+        J = np.asarray(self.J)
+        order = np.argsort(-J, kind="stable")
+        i = int(order[0])
+        if len(J) < 2:
+            return i, None, math.inf, 0.0
+        j = int(order[1])
+        return i, j, float(J[i] - J[j]), float(np.asarray(self.diff_se)[i, j])
+
 
 
 @dataclasses.dataclass(frozen=True)

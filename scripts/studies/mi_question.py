@@ -119,16 +119,6 @@ def _label(S) -> str:
     return subset_label(tuple(S))
 
 
-def _gap(values, sets, diff_se, winner) -> float | None:
-    """The winner's margin over the best other set in paired SEs (None without paired SEs)."""
-    i = sets.index(tuple(winner))
-    others = [j for j in range(len(sets)) if j != i]
-    j = max(others, key=lambda k: values[k])
-    if diff_se is None or not diff_se[i, j]:
-        return None
-    return float((values[i] - values[j]) / diff_se[i, j])
-
-
 def study_case(name: str, data: dict, D: int, N: int, L: int, out: Path) -> dict:
     cfg = config_of(data, D, N, L)
     L = cfg.data.L
@@ -137,7 +127,8 @@ def study_case(name: str, data: dict, D: int, N: int, L: int, out: Path) -> dict
     rk, rt = th.ranking, th.rates
     sets = list(rk.sets)
     J = np.asarray(rt.J)
-    S_J = sets[int(np.argmax(J))]
+    iJ, _, J_gap, J_gap_se = rt.top_two()
+    S_J = sets[iJ]
     what = f"k{data['kernel_index']}" if "kernel_index" in data else f"a{data['alpha']:g}"
     folder = out / f"d{data['d']}_p{''.join(map(str, data['parents']))}_{what}_D{D}_L{L}"
     tr = gflow.integrate(cfg, out=folder, resume=folder.exists())
@@ -152,7 +143,7 @@ def study_case(name: str, data: dict, D: int, N: int, L: int, out: Path) -> dict
         "S_Itilde": list(rk.S_star), "Itilde_gap_se": None if not rk.gap_se else rk.gap / rk.gap_se,
         "S_chi2": list(rk.S_chi2), "chi2_tied": [list(S) for S in rk.chi2_tied],
         "S_mi": list(rk.S_mi), "mi_tied": [list(S) for S in rk.mi_tied],
-        "S_J": list(S_J), "J_gap_se": _gap(J, sets, np.asarray(rt.diff_se), S_J),
+        "S_J": list(S_J), "J_gap_se": J_gap / J_gap_se if J_gap_se else None,
         "selected": list(selected), "share": float(frac[order[0]]),
         "runner_up": list(tr.subsets[int(order[1])]), "runner_up_share": float(frac[order[1]]),
         "t_stage1": float(tr.ts[i1]),
