@@ -1,0 +1,95 @@
+"""Why tsit5 stalls on the official Full model past t ≈ 8.4 (docs/results/official-full.md,
+"What this costs"): from a saved state of the w₊ = 3 flow (default: sample 0 at t = 8,
+``runs/official_full/w3_seed0``), in the solver's coordinates (log|C| for the selector),
+
+- the largest |eigenvalue| of the field's Jacobian (108 forward-mode columns, sparse layout);
+- tsit5 steps at the given tolerances over one time unit (``--steps`` at most): accepted,
+  rejected, and the last step sizes;
+- along those steps, how many of each head's second-layer inner products ⟨u_q, u_l⟩ (every
+  (query window, key window, key token) of the 364 windows) change sign between steps.
+
+Usage::
+
+    python3 scripts/studies/official_full_steps.py --rtol 1e-6 --atol 1e-9   # stalls near t + 0.44
+    python3 scripts/studies/official_full_steps.py --rtol 1e-4 --atol 1e-6   # the shipped tolerances
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+import gflow
+from gflow.core import Params, make_loss, member_of
+from gflow.core._paper import sparse_windows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", type=Path, default=ROOT / "runs" / "official_full" / "w3_seed0")
+    ap.add_argument("--rtol", type=float, default=1e-6)
+    ap.add_argument("--atol", type=float, default=1e-9)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--no-jacobian", action="store_true")
+    args = ap.parse_args()
+    jax.config.update("jax_enable_x64", True)
+    cfg = gflow.load_config(ROOT / "scripts" / "configs" / "official_full.toml")
+    tr = gflow.load(args.run)
+    cfg = cfg.replace(estimator={"seed": tr.config.estimator.seed, "layout": "sparse"})
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    p = Params.from_blocks({b: jnp.asarray(v) for b, v in tr.state(len(tr.ts) - 1).items()})
+    sign = jnp.sign(p.C)
+    flat, unr = ravel_pytree(p.with_blocks({"C": jnp.log(jnp.abs(p.C))}))
+
+    def field(t, fl, args):
+        y = unr(fl)
+        C = sign * jnp.exp(y.C)
+        _, g = loss.value_and_grad(y.with_blocks({"C": C}))
+        g = g.from_blocks({b: -v for b, v in g.blocks().items()})
+        return ravel_pytree(g.with_blocks({"C": g.C / C}))[0]
+
+    print(f"from t = {tr.ts[-1]:.4g} ({args.run.name}), {flat.size} parameters")
+    if not args.no_jacobian:
+        jv = jax.jit(lambda v: jax.jvp(lambda f: field(0.0, f, None), (flat,), (v,))[1])
+        J = np.stack([np.asarray(jv(jnp.eye(flat.size)[j])) for j in range(flat.size)], 1)
+        print(f"largest |eigenvalue| of the field's Jacobian: {np.abs(np.linalg.eigvals(J)).max():.3g}")
+    sol = jax.jit(lambda y: diffrax.diffeqsolve(
+        diffrax.ODETerm(field), diffrax.Tsit5(), 0.0, 1.0, None, y, saveat=diffrax.SaveAt(steps=True),
+        stepsize_controller=diffrax.PIDController(rtol=args.rtol, atol=args.atol), max_steps=args.steps,
+        throw=False))(flat)  # fmt: skip
+    ts = np.asarray(sol.ts)
+    ok = np.isfinite(ts)
+    ts, ys = ts[ok], np.asarray(sol.ys)[ok]
+    print(f"rtol {args.rtol:g}, atol {args.atol:g}: {int(sol.stats['num_accepted_steps'])} accepted, "
+          f"{int(sol.stats['num_rejected_steps'])} rejected steps reach t + {ts[-1]:.4g}; "
+          f"last steps {np.round(np.diff(ts)[-3:], 5).tolist()}")  # fmt: skip
+    m, d = member_of(cfg.model), cfg.data.d
+    W = sparse_windows(d, m.span)
+    wins, own = np.repeat(W, d, axis=0), np.tile(np.arange(d), len(W))
+
+    def inner(fl):
+        y = unr(jnp.asarray(fl))
+        th = y.with_blocks({"C": sign * jnp.exp(y.C)})
+        K = np.asarray(m.vectors(th, jnp.asarray(wins), jnp.asarray(own), query=False, d=d))
+        Q = np.asarray(m.vectors(th, jnp.asarray(W), jnp.zeros(len(W), int), query=True, d=d))
+        return [Q[h] @ K[h].T > 0 for h in range(1, cfg.model.H + 1)]
+
+    prev = inner(ys[0])
+    for k in range(1, len(ts)):
+        now = inner(ys[k])
+        flips = [int((a != b).sum()) for a, b in zip(now, prev)]
+        if any(flips):
+            print(f"  step to t + {ts[k]:.5f} (dt {ts[k] - ts[k - 1]:.2e}): sign changes per head {flips}")
+        prev = now
+
+
+if __name__ == "__main__":
+    main()
