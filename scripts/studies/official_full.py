@@ -30,10 +30,10 @@ Usage::
     python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 1   # to t = 50, the stored runs' end
     python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 1 --table-only
 
-The results page's samples: sample 0 is ``gflow run scripts/configs/official_full.toml`` itself
-(folder ``w3_seed0_full``); samples 1 and 2 were integrated to t = 8 at rtol 10⁻⁶, atol 10⁻⁹
-(``--t1 8``, the configuration's earlier tolerances) and continued to t = 50 at the shipped
-ones (``w3_seed1_tail``, ``w3_seed2_tail``).
+The results page's three samples were integrated to t = 8 at rtol 10⁻⁶, atol 10⁻⁹ (``--t1 8``,
+the configuration's earlier tolerances). Without ``--t1`` each is continued to t = 50 at the
+shipped tolerances (``w3_seed<s>_tail``), and a folder ``w3_seed0_full`` (``gflow run
+scripts/configs/official_full.toml`` itself) is used as sample 0 when it holds a finished run.
 """
 
 from __future__ import annotations
@@ -74,27 +74,28 @@ def read_official(name: str) -> dict[str, np.ndarray]:
     return {"epoch": col["epoch"], "a": col["a"], "share": share}
 
 
-def run(cfg: gflow.Config, folder: Path) -> gflow.Trajectory:
+def run(cfg: gflow.Config, folder: Path, params0: Params | None = None) -> gflow.Trajectory:
+    """The run of `cfg` in `folder`: loaded if finished, resumed if not, else made (from `params0`)."""
     try:
         tr = gflow.load(folder)
         if tr.integrated:
             return tr
         return gflow.integrate(cfg, out=folder, resume=True)
     except (FileNotFoundError, ValueError):
-        return gflow.integrate(cfg, out=folder, overwrite=True)
+        return gflow.integrate(cfg, out=folder, overwrite=True, params0=params0)
 
 
 class Joined:
     """A sample's trajectory made of two runs of the same configuration: `head` to its end t₀
     and `tail`, integrated from head's end state (``params0``), its times shifted by t₀. It has
     what the comparison reads of a :class:`gflow.Trajectory`: ``ts``, ``a``, ``c_frac``,
-    ``subsets``, ``x``, ``state(i)``."""
+    ``subsets``, ``x``, ``stages``, ``state(i)``."""
 
     def __init__(self, head, tail):
-        self.t0 = float(head.ts[-1])
         self.parts = (head, tail)
         self.n0 = len(head.ts)
-        self.ts = np.concatenate([head.ts, self.t0 + tail.ts[1:]])
+        self.stages = [*head.stages, *tail.stages]
+        self.ts = np.concatenate([head.ts, float(head.ts[-1]) + tail.ts[1:]])
         self.a = np.concatenate([head.a, tail.a[1:]])
         self.c_frac = np.concatenate([head.c_frac, tail.c_frac[1:]])
         self.subsets = head.subsets
@@ -111,22 +112,17 @@ def continue_run(cfg: gflow.Config, head, folder: Path, t1: float):
     t0 = float(head.ts[-1])
     tail_cfg = cfg.replace(schedule={"t1": t1 - t0}, solver={"tau_min": 1.0})
     p0 = Params.from_blocks({b: jnp.asarray(v) for b, v in head.state(len(head.ts) - 1).items()})
-    try:
-        tr = gflow.load(folder)
-        if tr.integrated:
-            return tr
-        return gflow.integrate(tail_cfg, out=folder, resume=True, params0=p0)
-    except (FileNotFoundError, ValueError):
-        return gflow.integrate(tail_cfg, out=folder, overwrite=True, params0=p0)
+    return run(tail_cfg, folder, params0=p0)
 
 
 def curve(cfg: gflow.Config, out: Path, key: str, t1: float, make: bool, tail: bool = True):
     """Sample `key`'s trajectory to `t1`: the run ``{key}_full`` of the configuration from t = 0
     if one is saved (``gflow run`` of the shipped file), else ``{key}`` (made if `make`),
-    continued to `t1` in ``{key}_tail`` when it ends before (made if `make` and `tail`)."""
-    full = out / f"{key}_full"
-    if full.exists() and gflow.load(full).integrated:
-        return gflow.load(full)
+    continued to `t1` in ``{key}_tail`` when it ends before (made if `make` and `tail`; `cfg` is
+    read only then)."""
+    full = gflow.load(out / f"{key}_full") if (out / f"{key}_full").exists() else None
+    if full is not None and full.integrated:
+        return full
     head = run(cfg, out / key) if make else gflow.load(out / key)
     if head.ts[-1] >= t1 * (1 - 1e-12):
         return head
@@ -201,7 +197,7 @@ def main() -> None:
                     "a_end": float(tr.a[-1]), "selected": list(S), "share": float(np.max(tr.c_frac[i])),
                     "shares": {gflow.core.subset_label(T): float(v) for T, v in zip(tr.subsets, tr.c_frac[i])},
                     "wall": time.perf_counter() - t0,
-                    "nfev": sum(r.nfev for part in (tr.parts if isinstance(tr, Joined) else (tr,)) for r in part.stages),
+                    "nfev": sum(r.nfev for r in tr.stages),
                     "liveness": liveness(tr, cfg),
                 }  # fmt: skip
                 print(f"{key} seed {s}: a({tr.ts[-1]:.4g}) = {tr.a[-1]:.4f}, picks {S} ({np.max(tr.c_frac[i]):.3f}), "
@@ -214,7 +210,7 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
     """The held-out comparison from the run folders into `res`, then the page's tables, the
     study's json (``--out`` and ``figures/official_full.json``) and the figure."""
     off = read_official("official_full_w3_lr1e-3_50000.csv")
-    runs = [curve(base.replace(estimator={"seed": s}), out, f"w3_seed{s}", t1, make=False)
+    runs = [curve(base, out, f"w3_seed{s}", t1, make=False)
             for s in range(R) if (out / f"w3_seed{s}").exists() or (out / f"w3_seed{s}_full").exists()]
     if not runs:
         return
@@ -338,7 +334,7 @@ def tables(res: dict) -> str:
                 fa, oa = f["flow_a"][k][i], f["official_a"][i]
                 lines.append(f"| {e} (sample {s}) | {oa:.4f} | {fa:.4f} | {(fa - oa) / oa:+.2%} | {f['official_share'][i]:.3f} | "
                              f"{f['flow_share'][k][i]:.3f} |")  # fmt: skip
-        lines += ["", f"(the three samples' range of a at epoch {h['epochs'][-1]}, relative to their mean: {rel:.2%})"]
+        lines += ["", f"(the {len(A)} samples' range of a at epoch {h['epochs'][-1]}, relative to their mean: {rel:.2%})"]
     return "\n".join(lines)
 
 

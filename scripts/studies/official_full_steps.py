@@ -26,8 +26,10 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import gflow
-from gflow.core import Params, make_loss, member_of
+from gflow.core import Params, StageLoss, make_loss, member_of
 from gflow.core._paper import sparse_windows
+from gflow.dynamics._flow import stage_blocks
+from gflow.dynamics._solve import LogC, VectorField, block_scales
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,15 +48,15 @@ def main() -> None:
     cfg = cfg.replace(estimator={"seed": tr.config.estimator.seed, "layout": "sparse"})
     loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     p = Params.from_blocks({b: jnp.asarray(v) for b, v in tr.state(len(tr.ts) - 1).items()})
-    sign = jnp.sign(p.C)
-    flat, unr = ravel_pytree(p.with_blocks({"C": jnp.log(jnp.abs(p.C))}))
+    # the joint flow's own field (gflow.dynamics: every block moving, the selector in log|C|)
+    moves = stage_blocks(cfg, "joint")
+    sign, ell = LogC.to_log(np.asarray(p.C))
+    vf = VectorField(stage_loss=StageLoss(loss, p, moves), scale=block_scales(cfg, moves, jnp.float64),
+                     sign_C=jnp.asarray(sign))  # fmt: skip
+    flat, unr = ravel_pytree({b: jnp.asarray(ell) if b == "C" else p.get(b) for b in moves})
 
     def field(t, fl, args):
-        y = unr(fl)
-        C = sign * jnp.exp(y.C)
-        _, g = loss.value_and_grad(y.with_blocks({"C": C}))
-        g = g.from_blocks({b: -v for b, v in g.blocks().items()})
-        return ravel_pytree(g.with_blocks({"C": g.C / C}))[0]
+        return ravel_pytree(vf(t, unr(fl), args))[0]
 
     print(f"from t = {tr.ts[-1]:.4g} ({args.run.name}), {flat.size} parameters")
     if not args.no_jacobian:
@@ -77,7 +79,7 @@ def main() -> None:
 
     def inner(fl):
         y = unr(jnp.asarray(fl))
-        th = y.with_blocks({"C": sign * jnp.exp(y.C)})
+        th = p.with_blocks({**y, "C": jnp.asarray(LogC.from_log(sign, y["C"]))})
         K = np.asarray(m.vectors(th, jnp.asarray(wins), jnp.asarray(own), query=False, d=d))
         Q = np.asarray(m.vectors(th, jnp.asarray(W), jnp.zeros(len(W), int), query=True, d=d))
         return [Q[h] @ K[h].T > 0 for h in range(1, cfg.model.H + 1)]
