@@ -27,13 +27,15 @@ table, and ``figures/official_full.png``.
 
 Usage::
 
-    python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 1   # to t = 50, the stored runs' end
+    python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 0 --step-check   # to t = 50, the stored runs' end
     python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 1 --table-only
 
-The results page's three samples were integrated to t = 8 at rtol 10⁻⁶, atol 10⁻⁹ (``--t1 8``,
-the configuration's earlier tolerances). Without ``--t1`` each is continued to t = 50 at the
-shipped tolerances (``w3_seed<s>_tail``), and a folder ``w3_seed0_full`` (``gflow run
-scripts/configs/official_full.toml`` itself) is used as sample 0 when it holds a finished run.
+The results page's sample 0 is ``gflow run scripts/configs/official_full.toml`` (folder
+``w3_seed0_full``: Euler steps of 5·10⁻³ to t = 50); samples 1 and 2 were integrated to t = 8 by
+tsit5 at rtol 10⁻⁶, atol 10⁻⁹ (``--t1 8``, the configuration's earlier settings) and continued
+to t = 50 from their end state at the shipped step (``w3_seed<s>_tail``). ``--step-check``
+continues sample 1 from t = 8 at twice the step (``w3_seed1_tail_2eta``, to t = 20); the page's
+step-error table compares it, and sample 0, against the finer integrations.
 """
 
 from __future__ import annotations
@@ -115,6 +117,41 @@ def continue_run(cfg: gflow.Config, head, folder: Path, t1: float):
     return run(tail_cfg, folder, params0=p0)
 
 
+def step_check(cfg: gflow.Config, out: Path, t1: float = 20.0):
+    """Sample 1's continuation from its t = 8 state at twice the configuration's Euler step, to
+    `t1`, in ``w3_seed1_tail_2eta`` (beside ``w3_seed1_tail`` at the shipped step): the step
+    error of the tail, measured."""
+    head = gflow.load(out / "w3_seed1")
+    cfg = cfg.replace(estimator={"seed": 1}, solver={"eta": 2 * cfg.solver.eta})
+    return continue_run(cfg, head, out / "w3_seed1_tail_2eta", t1)
+
+
+def _max_gap(tr, ref, t_lo: float, t_hi: float, j12: int) -> dict:
+    """The largest relative difference of a, and the largest difference of the {1,2} share,
+    between two trajectories at `ref`'s saved times in [t_lo, t_hi] (`tr` interpolated in log t)."""
+    t = ref.ts[(ref.ts >= t_lo) & (ref.ts <= t_hi * (1 + 1e-12))]
+    a, cf = at(tr, t)
+    ra, rcf = at(ref, t)
+    return {"t": [float(t[0]), float(t[-1])], "n": int(len(t)), "a_rel": float(np.max(np.abs(a - ra) / ra)),
+            "share": float(np.max(np.abs(cf[:, j12] - rcf[:, j12])))}  # fmt: skip
+
+
+def step_errors(out: Path) -> dict:
+    """What the Euler step costs, from the run folders: sample 0 by Euler at the shipped step
+    (``w3_seed0_full``) against its tsit5 flow at rtol 10⁻⁶ (``w3_seed0``) at the latter's saved
+    times from epoch 10 to its end; sample 1's tail at twice the step against the shipped step."""
+    res = {}
+    if (out / "w3_seed0_full").exists() and (out / "w3_seed0").exists():
+        gd, rk = gflow.load(out / "w3_seed0_full"), gflow.load(out / "w3_seed0")
+        res["euler_vs_tsit5"] = _max_gap(gd, rk, 1e-2, min(rk.ts[-1], gd.ts[-1]), rk.subsets.index((1, 2)))
+    if (out / "w3_seed1_tail_2eta").exists() and (out / "w3_seed1_tail").exists():
+        head = gflow.load(out / "w3_seed1")
+        fine, coarse = Joined(head, gflow.load(out / "w3_seed1_tail")), Joined(head, gflow.load(out / "w3_seed1_tail_2eta"))
+        t0 = float(head.ts[-1])
+        res["eta_vs_2eta"] = _max_gap(coarse, fine, t0 * (1 + 1e-9), min(coarse.ts[-1], fine.ts[-1]), head.subsets.index((1, 2)))
+    return res
+
+
 def curve(cfg: gflow.Config, out: Path, key: str, t1: float, make: bool, tail: bool = True):
     """Sample `key`'s trajectory to `t1`: the run ``{key}_full`` of the configuration from t = 0
     if one is saved (``gflow run`` of the shipped file), else ``{key}`` (made if `make`),
@@ -133,9 +170,11 @@ def curve(cfg: gflow.Config, out: Path, key: str, t1: float, make: bool, tail: b
 
 
 def at(tr, t):
-    """The trajectory's a and c_frac at flow times `t` (interpolated in log t between saved times)."""
+    """The trajectory's a and c_frac at flow times `t`, interpolated between saved times: log a
+    linear in log t (exact for a power law; a linear in log t would be off by up to 0.5 % of a
+    growing like t, at 12 saves a decade), c_frac linear in log t."""
     lt = np.log(np.maximum(tr.ts, 1e-12))
-    a = np.interp(np.log(t), lt, tr.a)
+    a = np.exp(np.interp(np.log(t), lt, np.log(tr.a)))
     cf = np.stack([np.interp(np.log(t), lt, tr.c_frac[:, j]) for j in range(tr.c_frac.shape[1])], -1)
     return a, cf
 
@@ -175,6 +214,8 @@ def main() -> None:
                          "earlier time is continued to it in <sample>_tail; a folder <sample>_full (gflow run of the "
                          "shipped file) is used as it is")
     ap.add_argument("--no-tail", action="store_true", help="do not continue samples saved to an earlier time")
+    ap.add_argument("--step-check", action="store_true",
+                    help="also continue sample 1 from its t = 8 state at twice the Euler step, to t = 20 (the tail's step error)")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -203,6 +244,8 @@ def main() -> None:
                 print(f"{key} seed {s}: a({tr.ts[-1]:.4g}) = {tr.a[-1]:.4f}, picks {S} ({np.max(tr.c_frac[i]):.3f}), "
                       f"{res[f'{key}_seed{s}']['wall']:.0f} s", flush=True)  # fmt: skip
                 store.write_text(json.dumps(res, indent=1))
+        if args.step_check:
+            step_check(base, args.out)
     report(res, args.out, args.seeds, base, args.t1)
 
 
@@ -241,6 +284,9 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
                          "flow_a": [at(tr, ep2 * 1e-3)[0].tolist() for tr in far],
                          "flow_share": [at(tr, ep2 * 1e-3)[1][:, j12].tolist() for tr in far],
                          "t1": [float(tr.ts[-1]) for tr in far]}  # fmt: skip
+    res.pop("w3_step", None)
+    if steps := step_errors(out):
+        res["w3_step"] = steps
     print(tables(res))
     text = json.dumps(res, indent=1)
     (out / "official_full.json").write_text(text)
@@ -335,6 +381,16 @@ def tables(res: dict) -> str:
                 lines.append(f"| {e} (sample {s}) | {oa:.4f} | {fa:.4f} | {(fa - oa) / oa:+.2%} | {f['official_share'][i]:.3f} | "
                              f"{f['flow_share'][k][i]:.3f} |")  # fmt: skip
         lines += ["", f"(the {len(A)} samples' range of a at epoch {h['epochs'][-1]}, relative to their mean: {rel:.2%})"]
+    if "w3_step" in res:
+        A = np.array(res["w3_held_out"]["flow_a"])
+        rel = (A.max(0) - A.min(0)) / A.mean(0)
+        lines += ["", "| what is compared | saved times | largest relative difference of a | largest difference of the {1,2} share |",
+                  "| --- | --- | --- | --- |"]  # fmt: skip
+        names = {"euler_vs_tsit5": "sample 0: Euler at η against tsit5 at rtol 10⁻⁶",
+                 "eta_vs_2eta": "sample 1 from t = 8: Euler at 2η against η"}
+        for k, r in res["w3_step"].items():
+            lines.append(f"| {names[k]} | {r['n']}, t = {r['t'][0]:.3g} – {r['t'][1]:.3g} | {r['a_rel']:.2e} | {r['share']:.2e} |")
+        lines += ["", f"(the samples' range of a relative to their mean, over the held-out epochs: {rel.min():.2%} – {rel.max():.2%})"]
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import diffrax
@@ -41,6 +42,8 @@ def main() -> None:
     ap.add_argument("--atol", type=float, default=1e-9)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--no-jacobian", action="store_true")
+    ap.add_argument("--solver", default="tsit5", choices=("tsit5", "bosh3", "heun", "ralston", "midpoint"))
+    ap.add_argument("--t", type=float, default=1.0, help="how far to integrate (default one time unit)")
     args = ap.parse_args()
     jax.config.update("jax_enable_x64", True)
     cfg = gflow.load_config(ROOT / "scripts" / "configs" / "official_full.toml")
@@ -63,11 +66,15 @@ def main() -> None:
         jv = jax.jit(lambda v: jax.jvp(lambda f: field(0.0, f, None), (flat,), (v,))[1])
         J = np.stack([np.asarray(jv(jnp.eye(flat.size)[j])) for j in range(flat.size)], 1)
         print(f"largest |eigenvalue| of the field's Jacobian: {np.abs(np.linalg.eigvals(J)).max():.3g}")
+    solver = {"tsit5": diffrax.Tsit5, "bosh3": diffrax.Bosh3, "heun": diffrax.Heun, "ralston": diffrax.Ralston,
+              "midpoint": diffrax.Midpoint}[args.solver]()
+    t0 = time.perf_counter()
     sol = jax.jit(lambda y: diffrax.diffeqsolve(
-        diffrax.ODETerm(field), diffrax.Tsit5(), 0.0, 1.0, None, y, saveat=diffrax.SaveAt(steps=True),
+        diffrax.ODETerm(field), solver, 0.0, args.t, None, y, saveat=diffrax.SaveAt(steps=True),
         stepsize_controller=diffrax.PIDController(rtol=args.rtol, atol=args.atol), max_steps=args.steps,
         throw=False))(flat)  # fmt: skip
     ts = np.asarray(sol.ts)
+    print(f"{args.solver}: {time.perf_counter() - t0:.1f} s (with compilation)")
     ok = np.isfinite(ts)
     ts, ys = ts[ok], np.asarray(sol.ys)[ok]
     print(f"rtol {args.rtol:g}, atol {args.atol:g}: {int(sol.stats['num_accepted_steps'])} accepted, "
