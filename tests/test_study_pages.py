@@ -124,8 +124,7 @@ def test_official_full_euler_step_error_is_small_against_the_spread():
     by less than a fifth of the samples' smallest range of a (relative) over the held-out epochs,
     and by less than 5·10⁻³ in the share (measured: 2.5·10⁻³, where the selector moves fastest)."""
     res = _official()
-    A = np.array(res["w3_held_out"]["flow_a"])
-    spread = float(((A.max(0) - A.min(0)) / A.mean(0)).min())
+    spread = float(_study("official_full").relative_range(res).min())
     steps = res["w3_step"]
     assert set(steps) == {"euler_vs_tsit5", "eta_vs_2eta"}
     for r in steps.values():

@@ -128,7 +128,7 @@ def step_check(cfg: gflow.Config, out: Path, t1: float = 20.0):
 
 def _max_gap(tr, ref, t_lo: float, t_hi: float, j12: int) -> dict:
     """The largest relative difference of a, and the largest difference of the {1,2} share,
-    between two trajectories at `ref`'s saved times in [t_lo, t_hi] (`tr` interpolated in log t)."""
+    between two trajectories at `ref`'s saved times in [t_lo, t_hi] (`tr` interpolated by :func:`at`)."""
     t = ref.ts[(ref.ts >= t_lo) & (ref.ts <= t_hi * (1 + 1e-12))]
     a, cf = at(tr, t)
     ra, rcf = at(ref, t)
@@ -136,20 +136,28 @@ def _max_gap(tr, ref, t_lo: float, t_hi: float, j12: int) -> dict:
             "share": float(np.max(np.abs(cf[:, j12] - rcf[:, j12])))}  # fmt: skip
 
 
-def step_errors(out: Path) -> dict:
+def step_errors(out: Path, runs: list) -> dict:
     """What the Euler step costs, from the run folders: sample 0 by Euler at the shipped step
-    (``w3_seed0_full``) against its tsit5 flow at rtol 10⁻⁶ (``w3_seed0``) at the latter's saved
-    times from epoch 10 to its end; sample 1's tail at twice the step against the shipped step."""
+    (``runs[0]``, folder ``w3_seed0_full``) against its tsit5 flow at rtol 10⁻⁶ (``w3_seed0``) at
+    the latter's saved times from epoch 10 to its end; sample 1 at twice the step past its head's
+    end (``w3_seed1_tail_2eta``) against the shipped step (``runs[1]``, head and ``w3_seed1_tail``)."""
     res = {}
+    j12 = runs[0].subsets.index((1, 2))
     if (out / "w3_seed0_full").exists() and (out / "w3_seed0").exists():
-        gd, rk = gflow.load(out / "w3_seed0_full"), gflow.load(out / "w3_seed0")
-        res["euler_vs_tsit5"] = _max_gap(gd, rk, 1e-2, min(rk.ts[-1], gd.ts[-1]), rk.subsets.index((1, 2)))
-    if (out / "w3_seed1_tail_2eta").exists() and (out / "w3_seed1_tail").exists():
-        head = gflow.load(out / "w3_seed1")
-        fine, coarse = Joined(head, gflow.load(out / "w3_seed1_tail")), Joined(head, gflow.load(out / "w3_seed1_tail_2eta"))
-        t0 = float(head.ts[-1])
-        res["eta_vs_2eta"] = _max_gap(coarse, fine, t0 * (1 + 1e-9), min(coarse.ts[-1], fine.ts[-1]), head.subsets.index((1, 2)))
+        rk = gflow.load(out / "w3_seed0")
+        res["euler_vs_tsit5"] = _max_gap(runs[0], rk, 1e-2, min(rk.ts[-1], runs[0].ts[-1]), j12)
+    if (out / "w3_seed1_tail_2eta").exists() and len(runs) > 1 and isinstance(runs[1], Joined):
+        fine = runs[1]
+        head = fine.parts[0]
+        coarse = Joined(head, gflow.load(out / "w3_seed1_tail_2eta"))
+        res["eta_vs_2eta"] = _max_gap(coarse, fine, float(head.ts[-1]) * (1 + 1e-9), min(coarse.ts[-1], fine.ts[-1]), j12)
     return res
+
+
+def relative_range(res: dict) -> np.ndarray:
+    """Per held-out epoch, the w₊ = 3 samples' range of a relative to their mean."""
+    A = np.array(res["w3_held_out"]["flow_a"])
+    return (A.max(0) - A.min(0)) / A.mean(0)
 
 
 def curve(cfg: gflow.Config, out: Path, key: str, t1: float, make: bool, tail: bool = True):
@@ -285,7 +293,7 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
                          "flow_share": [at(tr, ep2 * 1e-3)[1][:, j12].tolist() for tr in far],
                          "t1": [float(tr.ts[-1]) for tr in far]}  # fmt: skip
     res.pop("w3_step", None)
-    if steps := step_errors(out):
+    if steps := step_errors(out, runs):
         res["w3_step"] = steps
     print(tables(res))
     text = json.dumps(res, indent=1)
@@ -372,7 +380,7 @@ def tables(res: dict) -> str:
     if "w3_far" in res:
         f, h = res["w3_far"], res["w3_held_out"]
         A = np.array(h["flow_a"])
-        rel = float((A[:, -1].max() - A[:, -1].min()) / A[:, -1].mean())
+        rel = float(relative_range(res)[-1])
         lines += ["", "| epoch | official a | flow a | flow − official (relative) | official {1,2} share | flow share |",
                   "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for i, e in enumerate(f["epochs"]):
@@ -382,8 +390,7 @@ def tables(res: dict) -> str:
                              f"{f['flow_share'][k][i]:.3f} |")  # fmt: skip
         lines += ["", f"(the {len(A)} samples' range of a at epoch {h['epochs'][-1]}, relative to their mean: {rel:.2%})"]
     if "w3_step" in res:
-        A = np.array(res["w3_held_out"]["flow_a"])
-        rel = (A.max(0) - A.min(0)) / A.mean(0)
+        rel = relative_range(res)
         lines += ["", "| what is compared | saved times | largest relative difference of a | largest difference of the {1,2} share |",
                   "| --- | --- | --- | --- |"]  # fmt: skip
         names = {"euler_vs_tsit5": "sample 0: Euler at η against tsit5 at rtol 10⁻⁶",
