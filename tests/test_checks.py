@@ -528,3 +528,36 @@ def test_report_defines_every_symbol_it_uses(checked_run):
         assert f"- **{sym}**: {SYMBOLS[sym]}" in legend, sym
     listed = [line.split("**")[1] for line in legend.splitlines() if line.startswith("- **")]
     assert all(s in body for s in listed) and "docs/guides/checks.md" in legend
+
+
+def test_rate_error_leaves_out_sets_whose_C_underflowed_to_zero():
+    """A loser whose C_S is exactly 0 at a row (underflow late in Stage I) has no rate: the
+    linearised-rate error is taken over the other sets, the pairs left out are counted, and no
+    0/0 nan is dropped silently by max (which used to warn and hide it)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from gflow.checks._rows_stage1 import _rate_error
+
+    J = np.array([0.9, 0.5, 0.2, 0.1])
+    k, eta = 0.7, 1.3
+    C = np.array([[1.0, 0.5, 0.25, 0.125], [2.0, 0.1, 0.0, 1e-3]])
+    # exact rates off the linearised ones by known relative errors 0.1, 0.2, (none), 0.05
+    err = np.array([[0.0, 0.1, 0.2, 0.05], [0.0, 0.3, 0.0, 0.15]])
+    g = np.zeros_like(C)  # stored ∂L̂/∂C chosen so that −2η(∂_A/C_A − ∂_j/C_j) = k(J_A − J_j)(1 + err_j)
+    for i in range(2):
+        g[i, 0] = -0.4 * C[i, 0] / (-2 * eta)
+        for j in range(1, 4):
+            rate_j = -0.4 - k * (J[0] - J[j]) * (1 + err[i, j])
+            g[i, j] = rate_j * C[i, j] / (-2 * eta)
+    ctx = SimpleNamespace(traj=SimpleNamespace(C=C, grad_C=g), th=SimpleNamespace(rates=SimpleNamespace(J=J)),
+                          cfg=SimpleNamespace(schedule=SimpleNamespace(eta_C=eta)), nS=4)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eps, n0 = _rate_error(ctx, [0, 1], 0, k)
+    assert n0 == 1
+    assert eps == pytest.approx(0.3, rel=1e-12)
+    # only the first row: every set alive, the largest error is 0.2
+    assert _rate_error(ctx, [0], 0, k) == (pytest.approx(0.2, rel=1e-12), 0)
+    # the winner itself at 0: no rate can be measured
+    assert _rate_error(ctx, [1], 2, k)[0] == float("inf")

@@ -99,10 +99,51 @@ def test_official_full_page_has_the_studys_tables():
     # the held-out epochs are none of the epochs the pages quote from the stored run
     quoted = {1000, 5000, 25000, 50000}
     assert set(res["w3_held_out"]["epochs"]).isdisjoint(quoted) and len(res["w3_held_out"]["epochs"]) >= 5
-    # three samples of the w₊ = 3 setting (the w₊ = 1 flow is not on the page: it says why), each
-    # run to the same t₁
-    assert {k for k in res if "_seed" in k} == {"w3_seed0", "w3_seed1", "w3_seed2"}
-    assert len({res[k]["liveness"]["ts"][-1] for k in res if "_seed" in k}) == 1
+    # three samples of each setting, each setting's run to one t₁ (the w₊ = 3 rows' liveness at t = 8,
+    # as the page says; the w₊ = 1 samples to t = 50, the stored runs' end)
+    assert {k for k in res if "_seed" in k} == {f"w{w}_seed{s}" for w in (1, 3) for s in range(3)}
+    for w, t1 in ((3, 8.0), (1, 50.0)):
+        assert {res[f"w{w}_seed{s}"]["liveness"]["ts"][-1] for s in range(3)} == {t1}
+    # and the w₊ = 1 tables
+    w1 = of.w1_tables(res).split("\n\n")
+    assert len(w1) == 2 and all(t in page for t in w1)
+
+
+def test_official_full_w1_flow_follows_the_stored_run_and_head_1_dies():
+    """At w₊ = 1 every flow sample does what the stored 50,000-epoch run (a) did: head 1 (the one
+    head that reads offset 1) dies — ‖W_OV,1 P⊥‖_F falls below 1 % of its start — and the selector
+    sits on {2,3} at that run's plateau share (within 0.01), the run's a inside the samples' range. At the shipped Euler
+    step η head 1 comes back near t = 40 and the selector moves to {1,2} after it; continued from
+    sample 0's state at t ≈ 32 at the stored runs' own learning rate η/5, head 1 stays dead and the
+    run ends as the stored run did: {2,3} at its share, a within 1 %. The revival is the step's."""
+    of = _study("official_full")
+    res = _official()
+    run_a = of.read_official("official_full_w1_lr1e-3_50000_a.csv")
+    start = 1e-3 * np.sqrt(2)  # ‖0.001·I P⊥‖_F: the value matrices' start
+
+    def share23(e):
+        return np.interp(e, run_a["epoch"], run_a["share"][(2, 3)])
+
+    tracks = [res[f"w1_seed{s}"]["track"] for s in range(3)]
+    for s, t in enumerate(tracks):
+        assert t["head1_min"][0] < 1e-2 * start, (s, t["head1_min"])
+        plateau = [e for i, e in enumerate(t["epochs"]) if 8000 <= e <= 35000 and t["between"][i] is None]
+        assert len(plateau) >= 2, s
+        for e in plateau:
+            assert abs(t["shares"]["{2,3}"][t["epochs"].index(e)] - share23(e)) < 0.01, (s, e)
+    # a: the stored run inside the three samples' range, at every epoch from 2,000 to 35,000
+    for e in (2000, 8000, 20000, 35000):
+        A = [t["a"][t["epochs"].index(e)] for t in tracks]
+        assert min(A) <= np.interp(e, run_a["epoch"], run_a["a"]) <= max(A), (e, A)
+    rv = res["w1_revival"]
+    assert rv["lr"]["t1"] == rv["fine"]["t1"] == 50.0 and 30 <= rv["t0"] <= 35
+    for t in [res[f"w1_seed{s}"]["track"] for s in range(3)] + [rv["fine"]]:
+        assert t["head1_back"] is not None and t["to_12"] is not None and t["to_12"] >= t["head1_back"], t
+        assert t["selected"] == "{1,2}" and t["share_end"] > 0.97 and t["head1_end"] > 10 * start, t
+    lr = rv["lr"]
+    assert lr["head1_back"] is None and lr["to_12"] is None and lr["head1_end"] < 5e-2 * start, lr  # 4.1e-5; the stored run 2.6e-5
+    assert lr["selected"] == "{2,3}" and abs(lr["share_end"] - share23(50000)) < 0.01, lr
+    assert abs(lr["a_end"] / run_a["a"][-1] - 1) < 0.01, lr
 
 
 def test_official_full_reproduction_holds():

@@ -104,10 +104,10 @@ def rows_winner(ctx: Ctx, claimed_S_star) -> None:
         # Stage I): a set within 2ε of the J spread below the top could win instead
         st = stage1_end(ctx)
         k = 4.0 * float(ctx.traj.a[0]) * float(ctx.cfg.schedule.eta_C) / float(np.sum(C0**2))
-        eps = _rate_error(ctx, [int(st[1][0]), st[2]], iJ, k)
+        eps, n0 = _rate_error(ctx, [int(st[1][0]), st[2]], iJ, k)
         spread = float(rt.J[iJ] - np.min(rt.J))
         adm = [j for j in range(ctx.nS) if rt.J[iJ] - rt.J[j] <= 2.0 * eps * spread]
-        how = f"exact: argmax J on the run's sample (no other set within 2ε = {2 * eps:.2g} of the J spread)"
+        how = f"exact: argmax J on the run's sample (no other set within 2ε = {2 * eps:.2g} of the J spread{_left_out(n0)})"
     _winner_row(ctx, "I: winner argmax c/Σc = argmax J", ctx.argmax_J, adm, "finite", "stage1", how)
 
 
@@ -226,22 +226,37 @@ def row_norm(ctx: Ctx) -> None:
     ctx.add(decided_row(name, 0.0, drift, tol, claim="exact", rule=("le", tol), wrong=drift + _WRONG_NORM_DRIFT))
 
 
-def _rate_error(ctx: Ctx, rows, iA: int, k: float) -> float:
+def _rate_error(ctx: Ctx, rows, iA: int, k: float) -> tuple[float, int]:
     """The largest relative error of the linearised pairwise rates
     ``k (J(A) − J(S))`` against the flow's exact ``d/dt log(c_A/c_S) =
-    −2 η_C (∂L̂/∂C_A/C_A − ∂L̂/∂C_S/C_S)`` (stored gradient) at the given saved rows."""
+    −2 η_C (∂L̂/∂C_A/C_A − ∂L̂/∂C_S/C_S)`` (stored gradient) at the given saved rows,
+    and how many (row, set) pairs were left out because the set's ``C_S`` is exactly 0
+    there (a loser that underflowed late in Stage I: its log-ratio is −∞ and has no rate;
+    its 0/0 would otherwise be a nan that ``max`` drops without a word). ``inf`` when the
+    set `A` itself is 0 at a row, or a linearised rate is 0."""
     tr, J = ctx.traj, ctx.th.rates.J
     eta = float(ctx.cfg.schedule.eta_C)
-    worst = 0.0
+    worst, left_out = 0.0, 0
     for i in rows:
         C = np.asarray(tr.C[i], np.float64)
-        g = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64) / C
+        if C[iA] == 0:
+            return math.inf, left_out
+        live = C != 0
+        g = np.zeros_like(C)
+        g[live] = -2.0 * eta * np.asarray(tr.grad_C[i], np.float64)[live] / C[live]
         for j in range(ctx.nS):
             if j == iA:
                 continue
+            if not live[j]:
+                left_out += 1
+                continue
             lin = k * (J[iA] - J[j])
             worst = max(worst, abs((g[iA] - g[j]) / lin - 1.0) if lin != 0 else math.inf)
-    return worst
+    return worst, left_out
+
+
+def _left_out(n: int) -> str:
+    return f"; {n} (row, set) pairs with C_S = 0 left out" if n else ""
 
 
 def row_duration(ctx: Ctx) -> None:
@@ -273,11 +288,11 @@ def row_duration(ctx: Ctx) -> None:
     if not math.isfinite(du.t):
         ctx.info(name, "∞", measured, "the linearised Stage I never reaches 1 − δ (a tie for the top J)", "finite")
         return
-    eps = _rate_error(ctx, [int(idx[0]), end], du.index, du.rate)
+    eps, n0 = _rate_error(ctx, [int(idx[0]), end], du.index, du.rate)
     tol = 2.0 * eps * du.t
     ctx.add(
         decided_row(
-            name, du.t, measured, tol if why else f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: rate error; set {set_label(du.S)})",
+            name, du.t, measured, tol if why else f"2ε·t_pred = {tol:.3g} (ε = {eps:.2g}: rate error; set {set_label(du.S)}{_left_out(n0)})",
             claim="finite", rule=("abs", du.t, tol), wrong=moved_away(measured, du.t, 0.5 * measured), why_not=why,
         )
     )

@@ -253,7 +253,10 @@ def _row_force(ctx: Ctx, d: _S3) -> None:
     tol_abs = np.abs(Flam - F) + np.asarray(resid) + ctx.k_se * np.asarray(pse)
     used = float(np.max(np.abs(d.force[k] - F) / tol_abs))
     wrong = float(np.max(np.abs(1.5 * d.force[k] - F) / tol_abs))
-    rel = tol_abs / np.abs(F)
+    # the tolerance relative to |F(a)|, over the points where F(a) ≠ 0 (a saved a can sit on the
+    # zero a* itself, where the relative size is not defined)
+    nz = F != 0
+    rel = tol_abs[nz] / np.abs(F[nz]) if nz.any() else np.array([np.inf])
     why = ctx.outside("gih") or (d.joint_why and d.joint_why + f" (λ = {lamk.min():.3g}…{lamk.max():.3g})")
     ctx.add(
         decided_row(

@@ -28,6 +28,7 @@ table, and ``figures/official_full.png``.
 Usage::
 
     python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 0 --step-check   # to t = 50, the stored runs' end
+    python3 scripts/studies/official_full.py --seeds 0 --w1-seeds 1   # the w₊ = 1 sample alone, to t = 50
     python3 scripts/studies/official_full.py --seeds 3 --w1-seeds 1 --table-only
 
 The results page's sample 0 is ``gflow run scripts/configs/official_full.toml`` (folder
@@ -44,8 +45,8 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
@@ -115,6 +116,31 @@ def continue_run(cfg: gflow.Config, head, folder: Path, t1: float):
     tail_cfg = cfg.replace(schedule={"t1": t1 - t0}, solver={"tau_min": 1.0})
     p0 = Params.from_blocks({b: jnp.asarray(v) for b, v in head.state(len(head.ts) - 1).items()})
     return run(tail_cfg, folder, params0=p0)
+
+
+def continue_from(cfg: gflow.Config, tr, i: int, folder: Path, t1: float, save_per_decade: int = 12):
+    """`tr` continued from its saved state `i` (time t₀) to flow time `t1` in `folder`
+    (resumable), saved from one time unit after t₀ at `save_per_decade`."""
+    t0 = float(tr.ts[i])
+    c = cfg.replace(schedule={"t1": t1 - t0}, solver={"tau_min": 1.0, "save_per_decade": save_per_decade})
+    p0 = Params.from_blocks({b: jnp.asarray(v) for b, v in tr.state(i).items()})
+    return run(c, folder, params0=p0)
+
+
+W1 = {"init": {"w_plus": 1.0}, "model": {"proj_init": 0.001}}
+
+
+def w1_revival(base: gflow.Config, out: Path, t_from: float = 32.0, t1: float = 50.0):
+    """The w₊ = 1 sample 0 from its last saved state before `t_from`, continued to `t1` twice:
+    at the shipped Euler step η (``w1_seed0_fine``: saved densely, where head 1 revives) and at
+    η/5 = 10⁻³, the stored runs' own learning rate (``w1_seed0_lr``: the same iteration as their
+    full-batch SGD, in float64): is the revival the flow's, or the step's?"""
+    tr = gflow.load(out / "w1_seed0")
+    i = int(np.flatnonzero(tr.ts <= t_from)[-1])
+    cfg = base.replace(estimator={"seed": 0}, **W1)
+    fine = continue_from(cfg, tr, i, out / "w1_seed0_fine", t1, save_per_decade=24)
+    lr = continue_from(cfg.replace(solver={"eta": cfg.solver.eta / 5}), tr, i, out / "w1_seed0_lr", t1, save_per_decade=24)
+    return float(tr.ts[i]), fine, lr
 
 
 def step_check(cfg: gflow.Config, out: Path, t1: float = 20.0):
@@ -232,10 +258,9 @@ def main() -> None:
     res = json.loads(store.read_text()) if store.exists() else {}
     if not args.table_only:
         w1 = args.seeds if args.w1_seeds is None else args.w1_seeds
-        for key, over, R in (("w3", {}, args.seeds), ("w1", {"init": {"w_plus": 1.0}, "model": {"proj_init": 0.001}}, w1)):
+        for key, over, R in (("w3", {}, args.seeds), ("w1", W1, w1)):
             for s in range(R):
                 cfg = base.replace(estimator={"seed": s}, schedule={"t1": args.t1}, **over)
-                t0 = time.perf_counter()
                 if key == "w3":
                     tr = curve(cfg, args.out, f"{key}_seed{s}", args.t1, make=True, tail=not args.no_tail)
                 else:
@@ -245,7 +270,7 @@ def main() -> None:
                 res[f"{key}_seed{s}"] = {
                     "a_end": float(tr.a[-1]), "selected": list(S), "share": float(np.max(tr.c_frac[i])),
                     "shares": {gflow.core.subset_label(T): float(v) for T, v in zip(tr.subsets, tr.c_frac[i])},
-                    "wall": time.perf_counter() - t0,
+                    "wall": sum(r.wall for r in tr.stages),  # the integration's own, on record (0 for a loaded run otherwise)
                     "nfev": sum(r.nfev for r in tr.stages),
                     "liveness": liveness(tr, cfg),
                 }  # fmt: skip
@@ -260,10 +285,34 @@ def main() -> None:
 def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
     """The held-out comparison from the run folders into `res`, then the page's tables, the
     study's json (``--out`` and ``figures/official_full.json``) and the figure."""
+    w1 = sorted(k for k in res if re.fullmatch(r"w1_seed\d+", k) and (out / k).exists())
+    for k in w1:
+        res[k]["track"] = w1_track(gflow.load(out / k))
+    if (out / "w1_seed0_fine").exists() and (out / "w1_seed0_lr").exists():
+        head = gflow.load(out / "w1_seed0")
+        res["w1_revival"] = {"eta": base.solver.eta}
+        for name in ("fine", "lr"):
+            tail = gflow.load(out / f"w1_seed0_{name}")
+            t0 = float(tr_t0(head, tail))
+            res["w1_revival"]["t0"] = t0
+            res["w1_revival"][name] = w1_track(tail, t0)
+    if w1:
+        lr = (gflow.load(out / "w1_seed0_lr"), res["w1_revival"]["t0"]) if "w1_revival" in res else None
+        plot_w1(res, [gflow.load(out / k) for k in w1], ROOT / "figures" / "official_full_w1.png", lr)
     off = read_official("official_full_w3_lr1e-3_50000.csv")
     runs = [curve(base, out, f"w3_seed{s}", t1, make=False)
             for s in range(R) if (out / f"w3_seed{s}").exists() or (out / f"w3_seed{s}_full").exists()]
     if not runs:
+        # no w₊ = 3 run folder under `out` (a fresh checkout, or a w₊ = 1 run alone): the
+        # held-out comparison is kept as the study's json holds it, the tables are rendered from
+        # it with the new rows, and the figure (drawn from the w₊ = 3 trajectories) is left as it is
+        if "w3_held_out" in res:
+            print(tables(res))
+            print(w1_tables(res))
+            text = json.dumps(res, indent=1)
+            (out / "official_full.json").write_text(text)
+            (ROOT / "figures" / "official_full.json").write_text(text)
+            print(f"no w3 run folder under {out}: figures/official_full.png not redrawn", file=sys.stderr)
         return
     j12 = runs[0].subsets.index((1, 2))
     # the held-out epochs the runs reach
@@ -296,6 +345,7 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
     if steps := step_errors(out, runs):
         res["w3_step"] = steps
     print(tables(res))
+    print(w1_tables(res))
     text = json.dumps(res, indent=1)
     (out / "official_full.json").write_text(text)
     (ROOT / "figures" / "official_full.json").write_text(text)
@@ -429,6 +479,148 @@ def plot(res: dict, runs, off, path: Path) -> None:
     ax_h.set(xlabel="epoch (= 10³ t)", ylabel="‖W_OV,h P⊥‖_F", title="what the LayerNorm sees of each head (w₊ = 3)")
     for ax in (ax_a, ax_s, ax_h):
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+# epochs at which the w₊ = 1 samples are set beside the stored w₊ = 1 runs
+W1_EPOCHS = (700, 2000, 8000, 20000, 35000, 45000, 50000)
+_W1_RUNS = ("w1_lr1e-3_50000_a", "w1_lr1e-3_50000_b", "w1_lr1e-3_10000")
+_REVIVED = 1e-3  # ‖W_OV,1 P⊥‖_F above this after its minimum: head 1 is back (it starts at 1.4·10⁻³)
+
+
+def tr_t0(head, tail) -> float:
+    """The flow time a continuation `tail` of `head` started from: head's saved time whose
+    state is tail's first."""
+    x0 = tail.state(0)
+    for i in range(len(head.ts)):
+        if all(np.array_equal(head.state(i)[b], x0[b]) for b in x0):
+            return float(head.ts[i])
+    raise ValueError("the continuation starts at none of the head's saved states")
+
+
+def w1_track(tr, t0: float = 0.0) -> dict:
+    """A w₊ = 1 trajectory (times shifted by `t0`) in the numbers the page quotes: a and the
+    shares of {1,2}, {2,3}, {1,3} at ``W1_EPOCHS`` it reaches; head 1's smallest ‖W_OV,1 P⊥‖_F
+    and when; the first saved time after it at which that norm is above ``_REVIVED``, and the
+    first at which {1,2} holds more than half of c² (``None``: not within the run); the set
+    picked at the end."""
+    ts = np.asarray(tr.ts) + t0
+    P = np.eye(3) - np.ones((3, 3)) / 3
+    wp1 = np.linalg.norm(np.asarray(tr.x["V"])[:, 0] @ P, axis=(-2, -1))
+    ep = [e for e in W1_EPOCHS if e * 1e-3 <= ts[-1] * (1 + 1e-12) and e * 1e-3 >= ts[0]]
+    a, cf = at(SimpleNamespace(ts=ts, a=tr.a, c_frac=tr.c_frac), np.asarray(ep, float) * 1e-3) if ep else ([], None)
+    j = {S: tr.subsets.index(S) for S in ((1, 2), (2, 3), (1, 3))}
+    # an epoch between two saves across which the selector moves by more than 0.2 is not
+    # interpolated (a switch between them): its shares are None and `between` names the saves
+    between = []
+    for e in ep:
+        k = int(np.searchsorted(ts, e * 1e-3))
+        lo = max(k - 1, 0) if ts[min(k, len(ts) - 1)] != e * 1e-3 else k
+        hi = min(k, len(ts) - 1)
+        moved = np.max(np.abs(tr.c_frac[hi] - tr.c_frac[lo])) > 0.2
+        between.append([float(ts[lo]), float(ts[hi])] if moved else None)
+    i_min = int(np.argmin(wp1))
+    back = np.flatnonzero((np.arange(len(ts)) > i_min) & (wp1 > _REVIVED))
+    major = np.flatnonzero(tr.c_frac[:, j[(1, 2)]] > 0.5)
+    end = len(ts) - 1
+    return {"epochs": ep, "a": list(map(float, a)),
+            "shares": {gflow.core.subset_label(S): [None if b else float(v) for v, b in zip(cf[:, i], between)]
+                       for S, i in j.items()} if ep else {}, "between": between,
+            "head1_min": [float(wp1[i_min]), float(ts[i_min])], "head1_back": float(ts[back[0]]) if back.size else None,
+            "head1_end": float(wp1[end]), "to_12": float(ts[major[0]]) if major.size else None,
+            "t1": float(ts[end]), "a_end": float(tr.a[end]),
+            "selected": gflow.core.subset_label(tuple(tr.subsets[int(np.argmax(tr.c_frac[end]))])),
+            "share_end": float(np.max(tr.c_frac[end]))}  # fmt: skip
+
+
+def w1_tables(res: dict) -> str:
+    """The page's w₊ = 1 tables, from the study's json: the samples beside the stored runs at
+    ``W1_EPOCHS``, then head 1 and the selector's switch per run."""
+    keys = sorted(k for k in res if re.fullmatch(r"w1_seed\d+", k) and "track" in res[k])
+    if not keys:
+        return ""
+    off = {run: read_official(f"official_full_{run}.csv") for run in _W1_RUNS}
+
+    def o(run, e, what):
+        x = off[run]
+        if e > x["epoch"][-1]:
+            return "—"
+        v = np.interp(e, x["epoch"], x["a"] if what == "a" else x["share"][what])
+        return f"{v:.4f}" if what == "a" else f"{v:.3f}"
+
+    lines = ["| epoch | flow a, samples " + ", ".join(k[-1] for k in keys) + " | flow {1,2} / {2,3} | "
+             "official a: run a, run b, 10⁴-epoch run | official {1,2} / {2,3}: run a; run b; 10⁴-epoch run |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for e in W1_EPOCHS:
+        tk = [res[k]["track"] for k in keys if e in res[k]["track"]["epochs"]]
+        if not tk:
+            continue
+        idx = [t["epochs"].index(e) for t in tk]
+        fa = ", ".join(f"{t['a'][i]:.4f}" for t, i in zip(tk, idx))
+        fs = "; ".join(f"{t['shares']['{1,2}'][i]:.3f} / {t['shares']['{2,3}'][i]:.3f}" if t["between"][i] is None
+                       else "switching between t = {:.4g} and {:.4g}".format(*t["between"][i]) for t, i in zip(tk, idx))  # fmt: skip
+        oa = ", ".join(o(r, e, "a") for r in _W1_RUNS)
+        osh = "; ".join(f"{o(r, e, (1, 2))} / {o(r, e, (2, 3))}" if e <= off[r]["epoch"][-1] else "—" for r in _W1_RUNS)
+        lines.append(f"| {e} | {fa} | {fs} | {oa} | {osh} |")
+    lines += ["", "| run | head 1's smallest ‖W_OV,1 P⊥‖_F (at t) | head 1 above 10⁻³ again at t | {1,2} above half of c² "
+              "at t | ‖W_OV,1 P⊥‖_F at t₁ | t₁ | a(t₁) | picks at t₁ (share) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+
+    def row(name, t):
+        back = "never" if t["head1_back"] is None else f"{t['head1_back']:.4g}"
+        to12 = "never" if t["to_12"] is None else f"{t['to_12']:.4g}"
+        lines.append(f"| {name} | {t['head1_min'][0]:.2e} (t = {t['head1_min'][1]:.3g}) | {back} | {to12} | "
+                     f"{t['head1_end']:.2e} | {t['t1']:.4g} | {t['a_end']:.4f} | {t['selected']} ({t['share_end']:.3f}) |")  # fmt: skip
+
+    for k in keys:
+        row(f"flow w1, sample {k[-1]}", res[k]["track"])
+    if "w1_revival" in res:
+        rv = res["w1_revival"]
+        row(f"sample 0 from t = {rv['t0']:.4g} at η = {rv['eta']:g}, dense saves", rv["fine"])
+        row(f"sample 0 from t = {rv['t0']:.4g} at η/5 = {rv['eta'] / 5:g} (the stored runs' lr)", rv["lr"])
+    return "\n".join(lines)
+
+
+def plot_w1(res: dict, trs: list, path: Path, lr=None) -> None:
+    """The w₊ = 1 samples beside the three stored w₊ = 1 runs: the selector's shares of {1,2}
+    and {2,3}, a, and head 1's ‖W_OV,1 P⊥‖_F (the head that reads offset 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from _study import save_figure
+
+    fig, (ax_s, ax_a, ax_h) = plt.subplots(1, 3, figsize=(16, 4.6))
+    P = np.eye(3) - np.ones((3, 3)) / 3
+    for n, tr in enumerate(trs):
+        e = tr.ts[1:] * 1e3
+        for S, ls in (((1, 2), "-"), ((2, 3), "--")):
+            ax_s.semilogx(e, tr.c_frac[1:, tr.subsets.index(S)], color="C0", ls=ls, lw=1.5, alpha=0.7,
+                          label=f"flow {gflow.core.subset_label(S)}" if n == 0 else None)  # fmt: skip
+        ax_a.semilogx(e, tr.a[1:], color="C0", lw=1.5, alpha=0.7, label="gflow flow, one sample each" if n == 0 else None)
+        wp1 = np.linalg.norm(np.asarray(tr.x["V"])[1:, 0] @ P, axis=(-2, -1))
+        ax_h.loglog(e, wp1, color="C0", lw=1.5, alpha=0.7, label="flow, head 1" if n == 0 else None)
+    if lr is not None:  # sample 0 continued at the stored runs' learning rate
+        tr, t0 = lr
+        e = (tr.ts + t0) * 1e3
+        ax_s.semilogx(e, tr.c_frac[:, tr.subsets.index((2, 3))], color="k", ls="--", lw=2, label="flow {2,3}, η/5 from t ≈ 32")
+        ax_a.semilogx(e, tr.a, color="k", lw=2, label="flow, η/5 from t ≈ 32")
+        ax_h.loglog(e, np.linalg.norm(np.asarray(tr.x["V"])[:, 0] @ P, axis=(-2, -1)), color="k", lw=2,
+                    label="flow, head 1, η/5 from t ≈ 32")  # fmt: skip
+    for k, run in enumerate(_W1_RUNS):
+        o = read_official(f"official_full_{run}.csv")
+        ep = o["epoch"][1:]
+        for S, ls in (((1, 2), "-"), ((2, 3), "--")):
+            ax_s.semilogx(ep, o["share"][S][1:], color=f"C{k + 1}", ls=ls, lw=1,
+                          label=f"official {run} {gflow.core.subset_label(S)}")  # fmt: skip
+        ax_a.semilogx(ep, o["a"][1:], color=f"C{k + 1}", lw=1, label=f"official {run}")
+        ax_h.loglog([ep[-1]], [official_value_norms(f"official_full_{run}")[0]], "o", color=f"C{k + 1}",
+                    label=f"official {run}, head 1 at its end")  # fmt: skip
+    ax_s.set(xlabel="epoch (= 10³ t)", ylabel="c_S/Σc", title="the selector at w₊ = 1")
+    ax_a.set(xlabel="epoch (= 10³ t)", ylabel="a", title="the classifier scale at w₊ = 1")
+    ax_h.set(xlabel="epoch (= 10³ t)", ylabel="‖W_OV,1 P⊥‖_F", title="what the LayerNorm sees of head 1")
+    for ax in (ax_s, ax_a, ax_h):
+        ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
 
