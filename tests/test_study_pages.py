@@ -137,7 +137,7 @@ def test_official_full_w1_flow_follows_the_stored_run_and_head_1_dies():
         assert min(A) <= np.interp(e, run_a["epoch"], run_a["a"]) <= max(A), (e, A)
     rv = res["w1_revival"]
     assert rv["lr"]["t1"] == rv["fine"]["t1"] == 50.0 and 30 <= rv["t0"] <= 35
-    for t in [res[f"w1_seed{s}"]["track"] for s in range(3)] + [rv["fine"]]:
+    for t in tracks + [rv["fine"]]:
         assert t["head1_back"] is not None and t["to_12"] is not None and t["to_12"] >= t["head1_back"], t
         assert t["selected"] == "{1,2}" and t["share_end"] > 0.97 and t["head1_end"] > 10 * start, t
     lr = rv["lr"]

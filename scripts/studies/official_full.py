@@ -213,13 +213,19 @@ def at(tr, t):
     return a, cf
 
 
+def value_norms(V) -> np.ndarray:
+    """``‖W_OV,h P⊥‖_F`` over the last two axes of `V` (…, d, d), P⊥ = I − 11ᵀ/d: the part of a
+    head's value matrix the LayerNorm's mean subtraction keeps."""
+    V = np.asarray(V)
+    d = V.shape[-1]
+    return np.linalg.norm(V @ (np.eye(d) - np.ones((d, d)) / d), axis=(-2, -1))
+
+
 def liveness(tr, cfg) -> dict:
     """Per head, along the run: ``‖W_OV,h P⊥‖_F`` and the spread of its LayerNorm output over
     the sample's key windows (the root mean square of v − mean v)."""
     d = cfg.data.d
-    P = np.eye(d) - np.ones((d, d)) / d
-    V = tr.x["V"]  # (T, H, d, d)
-    wp = np.linalg.norm(V @ P, axis=(-2, -1))  # (T, H)
+    wp = value_norms(tr.x["V"])  # (T, H)
     member = member_of(cfg.model)
     loss = make_loss(cfg.data, cfg.model, cfg.estimator.__class__(N=200, layout="sparse", loss=cfg.estimator.loss,
                                                                    target=cfg.estimator.target))  # fmt: skip
@@ -285,35 +291,44 @@ def main() -> None:
 def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
     """The held-out comparison from the run folders into `res`, then the page's tables, the
     study's json (``--out`` and ``figures/official_full.json``) and the figure."""
-    w1 = sorted(k for k in res if re.fullmatch(r"w1_seed\d+", k) and (out / k).exists())
-    for k in w1:
-        res[k]["track"] = w1_track(gflow.load(out / k))
-    if (out / "w1_seed0_fine").exists() and (out / "w1_seed0_lr").exists():
-        head = gflow.load(out / "w1_seed0")
+    w1 = {k: gflow.load(out / k) for k in sorted(res) if re.fullmatch(r"w1_seed\d+", k) and (out / k).exists()}
+    for k, tr in w1.items():
+        res[k]["track"] = w1_track(tr)
+    lr = None
+    if "w1_seed0" in w1 and (out / "w1_seed0_fine").exists() and (out / "w1_seed0_lr").exists():
         res["w1_revival"] = {"eta": base.solver.eta}
         for name in ("fine", "lr"):
             tail = gflow.load(out / f"w1_seed0_{name}")
-            t0 = float(tr_t0(head, tail))
+            t0 = float(tr_t0(w1["w1_seed0"], tail))
             res["w1_revival"]["t0"] = t0
             res["w1_revival"][name] = w1_track(tail, t0)
+        lr = (tail, t0)  # the η/5 continuation, drawn in the figure
     if w1:
-        lr = (gflow.load(out / "w1_seed0_lr"), res["w1_revival"]["t0"]) if "w1_revival" in res else None
-        plot_w1(res, [gflow.load(out / k) for k in w1], ROOT / "figures" / "official_full_w1.png", lr)
+        plot_w1(res, list(w1.values()), ROOT / "figures" / "official_full_w1.png", lr)
     off = read_official("official_full_w3_lr1e-3_50000.csv")
     runs = [curve(base, out, f"w3_seed{s}", t1, make=False)
             for s in range(R) if (out / f"w3_seed{s}").exists() or (out / f"w3_seed{s}_full").exists()]
-    if not runs:
-        # no w₊ = 3 run folder under `out` (a fresh checkout, or a w₊ = 1 run alone): the
-        # held-out comparison is kept as the study's json holds it, the tables are rendered from
-        # it with the new rows, and the figure (drawn from the w₊ = 3 trajectories) is left as it is
-        if "w3_held_out" in res:
-            print(tables(res))
-            print(w1_tables(res))
-            text = json.dumps(res, indent=1)
-            (out / "official_full.json").write_text(text)
-            (ROOT / "figures" / "official_full.json").write_text(text)
-            print(f"no w3 run folder under {out}: figures/official_full.png not redrawn", file=sys.stderr)
+    if runs:
+        compare_w3(res, runs, off, out)
+    elif "w3_held_out" not in res:
         return
+    # with no w₊ = 3 run folder under `out` (a fresh checkout, or a w₊ = 1 run alone) the held-out
+    # comparison is kept as the study's json holds it and the figure (drawn from the w₊ = 3
+    # trajectories) is left as it is
+    print(tables(res))
+    print(w1_tables(res))
+    text = json.dumps(res, indent=1)
+    (out / "official_full.json").write_text(text)
+    (ROOT / "figures" / "official_full.json").write_text(text)
+    if runs:
+        plot(res, runs, off, ROOT / "figures" / "official_full.png")
+    else:
+        print(f"no w3 run folder under {out}: figures/official_full.png not redrawn", file=sys.stderr)
+
+
+def compare_w3(res: dict, runs, off, out: Path) -> None:
+    """The w₊ = 3 samples `runs` against the stored run `off` at the held-out epochs (and past the
+    samples' common end, and the step errors) into `res`."""
     j12 = runs[0].subsets.index((1, 2))
     # the held-out epochs the runs reach
     ep = np.asarray([e for e in HELD_OUT if e * 1e-3 <= min(tr.ts[-1] for tr in runs) * (1 + 1e-9)], float)
@@ -344,12 +359,6 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
     res.pop("w3_step", None)
     if steps := step_errors(out, runs):
         res["w3_step"] = steps
-    print(tables(res))
-    print(w1_tables(res))
-    text = json.dumps(res, indent=1)
-    (out / "official_full.json").write_text(text)
-    (ROOT / "figures" / "official_full.json").write_text(text)
-    plot(res, runs, off, ROOT / "figures" / "official_full.png")
 
 
 # two-sided 95 % quantiles of Student's t by degrees of freedom
@@ -391,8 +400,7 @@ def official_value_norms(run: str) -> np.ndarray:
         f = ln.split(",")
         if f[0] == run and f[2] == "W_V":
             V[int(f[5]), int(f[3]), int(f[4])] = float(f[6])
-    P = np.eye(3) - np.ones((3, 3)) / 3
-    return np.linalg.norm(V @ P, axis=(-2, -1))
+    return value_norms(V)
 
 
 def tables(res: dict) -> str:
@@ -506,8 +514,7 @@ def w1_track(tr, t0: float = 0.0) -> dict:
     first at which {1,2} holds more than half of c² (``None``: not within the run); the set
     picked at the end."""
     ts = np.asarray(tr.ts) + t0
-    P = np.eye(3) - np.ones((3, 3)) / 3
-    wp1 = np.linalg.norm(np.asarray(tr.x["V"])[:, 0] @ P, axis=(-2, -1))
+    wp1 = value_norms(tr.x["V"])[:, 0]
     ep = [e for e in W1_EPOCHS if e * 1e-3 <= ts[-1] * (1 + 1e-12) and e * 1e-3 >= ts[0]]
     a, cf = at(SimpleNamespace(ts=ts, a=tr.a, c_frac=tr.c_frac), np.asarray(ep, float) * 1e-3) if ep else ([], None)
     j = {S: tr.subsets.index(S) for S in ((1, 2), (2, 3), (1, 3))}
@@ -591,21 +598,19 @@ def plot_w1(res: dict, trs: list, path: Path, lr=None) -> None:
     from _study import save_figure
 
     fig, (ax_s, ax_a, ax_h) = plt.subplots(1, 3, figsize=(16, 4.6))
-    P = np.eye(3) - np.ones((3, 3)) / 3
     for n, tr in enumerate(trs):
         e = tr.ts[1:] * 1e3
         for S, ls in (((1, 2), "-"), ((2, 3), "--")):
             ax_s.semilogx(e, tr.c_frac[1:, tr.subsets.index(S)], color="C0", ls=ls, lw=1.5, alpha=0.7,
                           label=f"flow {gflow.core.subset_label(S)}" if n == 0 else None)  # fmt: skip
         ax_a.semilogx(e, tr.a[1:], color="C0", lw=1.5, alpha=0.7, label="gflow flow, one sample each" if n == 0 else None)
-        wp1 = np.linalg.norm(np.asarray(tr.x["V"])[1:, 0] @ P, axis=(-2, -1))
-        ax_h.loglog(e, wp1, color="C0", lw=1.5, alpha=0.7, label="flow, head 1" if n == 0 else None)
+        ax_h.loglog(e, value_norms(tr.x["V"])[1:, 0], color="C0", lw=1.5, alpha=0.7, label="flow, head 1" if n == 0 else None)
     if lr is not None:  # sample 0 continued at the stored runs' learning rate
         tr, t0 = lr
         e = (tr.ts + t0) * 1e3
         ax_s.semilogx(e, tr.c_frac[:, tr.subsets.index((2, 3))], color="k", ls="--", lw=2, label="flow {2,3}, η/5 from t ≈ 32")
         ax_a.semilogx(e, tr.a, color="k", lw=2, label="flow, η/5 from t ≈ 32")
-        ax_h.loglog(e, np.linalg.norm(np.asarray(tr.x["V"])[:, 0] @ P, axis=(-2, -1)), color="k", lw=2,
+        ax_h.loglog(e, value_norms(tr.x["V"])[:, 0], color="k", lw=2,
                     label="flow, head 1, η/5 from t ≈ 32")  # fmt: skip
     for k, run in enumerate(_W1_RUNS):
         o = read_official(f"official_full_{run}.csv")
