@@ -59,15 +59,28 @@ def test_survival_page_has_the_studys_table():
     rows = sv.in_table_order(_survival())
     page = (DOCS / "survival.md").read_text()
     assert sv.table(rows) in page
-    # a row per member at parents (1, 2), and at (1, 3) for all but the two LayerNorm members (the
-    # page says why), each with the numbers the page's columns name
+    # a row per member at both parent sets, each with the numbers the page's columns name
     have = {(r["variant"], tuple(r["parents"])) for r in rows if "selected" in r}
-    slow = {"value_ln", "full"}
-    assert have == {(v, (1, 2)) for v in sv.VARIANTS} | {(v, (1, 3)) for v in sv.VARIANTS if v not in slow}, sorted(have)
+    assert have == {(v, P) for v in sv.VARIANTS for P in ((1, 2), (1, 3))}, sorted(have)
     assert all(f"`{v}`" in page for v in sv.VARIANTS)
     for r in rows:
         assert {"share", "attention_on_parents", "slope", "gaps", "stages"} <= set(r), r["variant"]
         assert (r["N"], r["L"]) == (1000, 40), r["variant"]  # the setting the page states
+        # a row run with its own stage caps or Euler step says so in its Stage column, and its
+        # stages respect the caps (a stage that ran its duration ran exactly that long)
+        if r.get("durations"):
+            assert "stage caps " + " / ".join(f"{x:g}" for x in r["durations"]) in sv.table([r]), r["variant"]
+            for s, cap in zip(r["stages"], r["durations"]):
+                assert s["t1"] - s["t0"] <= cap * (1 + 1e-9), (r["variant"], s)
+        if r.get("eta"):
+            assert r["method"] == "gd" and f"η = {r['eta']:g}" in sv.table([r]), r["variant"]
+    # the page's commands make the rows' runs: each member run with its own settings has a command
+    # naming them (the run folders are tagged by them, so another command would not find the runs)
+    for r in rows:
+        if r.get("durations") or r.get("eta"):
+            want = [f"--members {r['variant']} --method {r['method']}", "--durations " + ",".join(f"{x:g}" for x in r["durations"])]
+            want += [f"--eta {r['eta']:g}"] if r.get("eta") else []
+            assert any(all(w in line for w in want) for line in page.splitlines()), (r["variant"], want)
 
 
 def test_survival_rows_are_consistent():

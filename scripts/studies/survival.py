@@ -29,14 +29,20 @@ the steps per decade of saves at ``MAX_STEPS``) does not stop the study: the fai
 reason) is recorded in its row and the run is made again with kvaerno5 (``--retry``); the row
 says which solver its numbers come from, or that they are the partial run's.
 
-It writes ``--out``/``<member>_p<parents>[_<solver>]/`` run folders (resumable; a stored
+It writes ``--out``/``<member>_p<parents>[_<solver>[<eta>]][_T<I>-<II>-<III>]/`` run folders
+(the solver when it is not tsit5, GD's step, the stage caps when given; resumable; a stored
 failed run is reported, not retried), ``survival.json`` and prints the results page's table;
 ``--plot`` draws ``figures/survival.png`` and copies the json beside it (``figures/survival.json``,
 from which the page's table is rendered and checked: tests/test_study_pages.py).
 
 Usage::
 
-    python3 scripts/studies/survival.py --N 1000 --L 40 --plot   # the results page's runs, both parent sets
+    # the results page's runs, both parent sets: the LayerNorm members with their own solver and
+    # stage caps (docs/results/survival.md says why), then every other member and the figure
+    python3 scripts/studies/survival.py --N 1000 --L 40 --members value_ln --method kvaerno5 --durations 1000,100000,10000
+    python3 scripts/studies/survival.py --N 1000 --L 40 --members full --method gd --eta 0.0004 --retry '' \
+        --durations 1000,40,100 --max-steps 1000000
+    python3 scripts/studies/survival.py --N 1000 --L 40 --members paper,token,token_factorised,value,absolute,residual,linear_query,linear_output,bilinear --plot
     python3 scripts/studies/survival.py --N 4000                 # every member at L = 100
     python3 scripts/studies/survival.py --members paper,full --parents 1,2
     python3 scripts/studies/survival.py --members value_ln --method kvaerno5   # skip a known tsit5 failure
@@ -87,10 +93,25 @@ MEMBER = {"token_factorised": "token", "value_ln": "value"}
 MAX_STEPS = 20_000
 
 
-def config_of(variant: str, parents, N: int, L: int, method: str = "tsit5", max_steps: int = MAX_STEPS) -> gflow.Config:
+def config_of(variant: str, parents, N: int, L: int, method: str = "tsit5", max_steps: int = MAX_STEPS,
+              durations=None, eta: float | None = None) -> gflow.Config:
+    """The member's staged run; `durations` (three flow times) replaces the default stage caps,
+    `eta` is the step of ``method = "gd"`` (explicit Euler on the flow's time)."""
     model = {"member": MEMBER.get(variant, variant), **VARIANTS[variant]}
-    return gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model,
-                                  solver={"method": method, "max_steps": max_steps})  # fmt: skip
+    solver = {"method": method, "max_steps": max_steps, **({} if eta is None else {"eta": eta})}
+    cfg = gflow.Config().replace(data={"parents": list(parents), "L": L}, estimator={"N": N}, model=model,
+                                 solver=solver)  # fmt: skip
+    return cfg if durations is None else cfg.replace(schedule={"durations": tuple(durations)})
+
+
+def folder_tag(variant: str, parents, method: str = "tsit5", durations=None, eta: float | None = None) -> str:
+    """``<member>_p<parents>[_<solver>[<eta>]][_T<I>-<II>-<III>]``: the run folder of one row."""
+    tag = f"{variant}_p{''.join(map(str, parents))}"
+    if method != "tsit5":
+        tag += f"_{method}" + ("" if eta is None else f"{eta:g}")
+    if durations is not None:
+        tag += "_T" + "-".join(f"{x:g}" for x in durations)
+    return tag
 
 
 def _theta(tr, i) -> Params:
@@ -176,29 +197,32 @@ def _integrate(cfg: gflow.Config, folder: Path):
 
 
 def study_one(variant: str, parents, N: int, L: int, out: Path, retry: str | None = "kvaerno5",
-              method: str = "tsit5", max_steps: int = MAX_STEPS) -> dict:
+              method: str = "tsit5", max_steps: int = MAX_STEPS, durations=None, eta: float | None = None) -> dict:
     """One member at one parent set: the row of the table. A failed integration is recorded
     (its stage, time and reason) and, with `retry`, the run is made again with that solver; the
     row says which solver its numbers come from and what failed before. `method` is the first
     solver (its run folder is ``<member>_p<parents>_<method>`` unless it is tsit5); `max_steps`
     caps its steps per decade of saves (a stored unfinished run resumes under the new cap, so a
     smaller cap turns a run that would take too long into a recorded failure with its partial
-    trajectory)."""
-    tag = f"{variant}_p{''.join(map(str, parents))}"
+    trajectory); `durations` replaces the stage caps (the row records them, the folder name
+    ends in ``_T<I>-<II>-<III>``); `eta` is the first solver's step when it is ``"gd"``
+    (explicit Euler, for a member whose field is discontinuous)."""
     t0 = time.perf_counter()
-    cfg = config_of(variant, parents, N, L, method=method, max_steps=max_steps)
-    tr, fail = _integrate(cfg, out / (tag if method == "tsit5" else f"{tag}_{method}"))
+    cfg = config_of(variant, parents, N, L, method=method, max_steps=max_steps, durations=durations, eta=eta)
+    tr, fail = _integrate(cfg, out / folder_tag(variant, parents, method, durations, eta))
     failures = []
     if fail is not None:
         failures.append({"method": cfg.solver.method, **fail})
         if retry:
-            cfg = config_of(variant, parents, N, L, method=retry, max_steps=max_steps)
-            tr, fail = _integrate(cfg, out / f"{tag}_{retry}")
+            cfg = config_of(variant, parents, N, L, method=retry, max_steps=max_steps, durations=durations)
+            tr, fail = _integrate(cfg, out / folder_tag(variant, parents, retry, durations))
             if fail is not None:
                 failures.append({"method": retry, **fail})
     wall = time.perf_counter() - t0
     row = {"variant": variant, "member": cfg.model.member, "options": VARIANTS[variant], "parents": list(parents),
-           "N": N, "L": L, "method": cfg.solver.method, "failures": failures, "completed": fail is None, "wall": wall}  # fmt: skip
+           "N": N, "L": L, "method": cfg.solver.method, "durations": None if durations is None else list(durations),
+           "eta": eta if cfg.solver.method == "gd" else None,
+           "failures": failures, "completed": fail is None, "wall": wall}  # fmt: skip
     try:
         row.update(summarise(cfg, tr, parents))
     except (IndexError, ValueError) as e:  # a run that failed before Stage I ended has no set to report
@@ -270,6 +294,10 @@ def table(results: list[dict]) -> str:
         g = {k: f"{m:+.4f} ± {se:.4f}" for k, (m, se) in r["gaps"].items()}
         st = " / ".join(f"{s['ended_by']} {s['t1'] - s['t0']:.3g}" for s in r["stages"][:2])
         st += " (" + " + ".join(f"{s['wall']:.0f}" for s in r["stages"]) + " s)"
+        if r.get("durations"):
+            st += "; stage caps " + " / ".join(f"{x:g}" for x in r["durations"])
+        if r.get("eta"):
+            st += f"; Euler steps (gd) of η = {r['eta']:g}"
         if fails:
             st += f"; {fails}" + ("" if r.get("completed", True) else " — numbers from the partial run")
             if r.get("completed", True):
@@ -294,8 +322,7 @@ def plot(results: list[dict], out: Path, path: Path) -> None:
         ax_c, ax_a, ax_l = axes[row]
         rs = [r for r in rs if "selected" in r]
         for k, r in enumerate(rs):
-            tag = f"{r['variant']}_p{''.join(map(str, P))}"
-            tr = gflow.load(out / (tag if r.get("method", "tsit5") == "tsit5" else f"{tag}_{r['method']}"))
+            tr = gflow.load(out / folder_tag(r["variant"], P, r.get("method", "tsit5"), r.get("durations"), r.get("eta")))
             col = plt.cm.tab20(k / max(1, len(rs) - 1))
             S = tuple(r["selected"])
             j = tr.subsets.index(S)
@@ -329,6 +356,9 @@ def main() -> None:
     ap.add_argument("--retry", default="kvaerno5", help="the solver a failed run is made again with ('' for none)")
     ap.add_argument("--method", default="tsit5", help="the first solver (kvaerno5 for a member known to be stiff)")
     ap.add_argument("--max-steps", type=int, default=MAX_STEPS, help="steps per decade of saves")
+    ap.add_argument("--durations", type=lambda x: tuple(float(v) for v in x.split(",")), default=None,
+                    help="the stages' caps I,II,III in flow time (default the staged default's)")
+    ap.add_argument("--eta", type=float, default=None, help="the step of --method gd")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "survival.json"
@@ -339,14 +369,19 @@ def main() -> None:
             for v in args.members.split(","):
                 results = [r for r in results if not (r["variant"] == v and tuple(r["parents"]) == parents)]
                 r = study_one(v, parents, args.N, args.L, args.out, retry=args.retry or None, method=args.method,
-                              max_steps=args.max_steps)
+                              max_steps=args.max_steps, durations=args.durations, eta=args.eta)
                 if r["failures"]:
                     print(f"{v} {parents}: failures {r['failures']}", flush=True)
                 if "selected" in r:
                     print(f"{v} {parents} ({r['method']}): picks {r['selected']} ({r['share']:.3f}), offsets {r['offsets']}, "
                           f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
                 results.append(r)
-                store.write_text(json.dumps(results, indent=1, default=float))
+                # merge with what other processes of the study wrote meanwhile (one row per member and set)
+                done = json.loads(store.read_text()) if store.exists() else []
+                done = [d for d in done if not (d["variant"] == v and tuple(d["parents"]) == parents)]
+                store.write_text(json.dumps(done + [r], indent=1, default=float))
+    if store.exists():
+        results = json.loads(store.read_text())
     results = in_table_order(results)
     print(table(results))
     if args.plot:
