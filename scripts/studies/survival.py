@@ -362,12 +362,14 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "survival.json"
-    results = json.loads(store.read_text()) if store.exists() else []
+
+    def stored() -> list[dict]:
+        return json.loads(store.read_text()) if store.exists() else []
+
     if not args.table_only:
         for P in args.parents:
             parents = tuple(int(x) for x in P.split(","))
             for v in args.members.split(","):
-                results = [r for r in results if not (r["variant"] == v and tuple(r["parents"]) == parents)]
                 r = study_one(v, parents, args.N, args.L, args.out, retry=args.retry or None, method=args.method,
                               max_steps=args.max_steps, durations=args.durations, eta=args.eta)
                 if r["failures"]:
@@ -375,13 +377,10 @@ def main() -> None:
                 if "selected" in r:
                     print(f"{v} {parents} ({r['method']}): picks {r['selected']} ({r['share']:.3f}), offsets {r['offsets']}, "
                           f"slope {r['slope']}, L-Bayes {r['gaps']['flow-bayes'][0]:+.4f}, {r['wall']:.0f} s", flush=True)
-                results.append(r)
-                # merge with what other processes of the study wrote meanwhile (one row per member and set)
-                done = json.loads(store.read_text()) if store.exists() else []
-                done = [d for d in done if not (d["variant"] == v and tuple(d["parents"]) == parents)]
-                store.write_text(json.dumps(done + [r], indent=1, default=float))
-    if store.exists():
-        results = json.loads(store.read_text())
+                # one row per member and set, merged with what other processes of the study wrote meanwhile
+                rows = [d for d in stored() if not (d["variant"] == v and tuple(d["parents"]) == parents)]
+                store.write_text(json.dumps(rows + [r], indent=1, default=float))
+    results = stored()
     results = in_table_order(results)
     print(table(results))
     if args.plot:
