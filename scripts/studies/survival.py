@@ -201,7 +201,7 @@ def study_one(variant: str, parents, N: int, L: int, out: Path, retry: str | Non
     """One member at one parent set: the row of the table. A failed integration is recorded
     (its stage, time and reason) and, with `retry`, the run is made again with that solver; the
     row says which solver its numbers come from and what failed before. `method` is the first
-    solver (its run folder is ``<member>_p<parents>_<method>`` unless it is tsit5); `max_steps`
+    solver (each run's folder is :func:`folder_tag` of its solver and settings); `max_steps`
     caps its steps per decade of saves (a stored unfinished run resumes under the new cap, so a
     smaller cap turns a run that would take too long into a recorded failure with its partial
     trajectory); `durations` replaces the stage caps (the row records them, the folder name
@@ -380,8 +380,7 @@ def main() -> None:
                 # one row per member and set, merged with what other processes of the study wrote meanwhile
                 rows = [d for d in stored() if not (d["variant"] == v and tuple(d["parents"]) == parents)]
                 store.write_text(json.dumps(rows + [r], indent=1, default=float))
-    results = stored()
-    results = in_table_order(results)
+    results = in_table_order(stored())
     print(table(results))
     if args.plot:
         plot(results, args.out, ROOT / "figures" / "survival.png")
