@@ -143,6 +143,38 @@ def w1_revival(base: gflow.Config, out: Path, t_from: float = 32.0, t1: float = 
     return float(tr.ts[i]), fine, lr
 
 
+def w1_step_check(base: gflow.Config, out: Path, divisor: int = 10, t_from: float = 32.0, t1: float = 50.0) -> dict:
+    """Sample 0 of w₊ = 1 continued from the same state as :func:`w1_revival` at η/`divisor`
+    (``w1_seed0_lr<divisor>``): with η/5 it says how far the η/5 run's head 1 and selector are
+    from the flow's (η → 0). The head is ``w1_seed0`` when its folder exists, else
+    ``w1_seed0_head``, the same run integrated only to `t_from` (its Euler iterates and saved
+    times up to `t_from` are those of the run to t = 50: the saved grid is logarithmic from
+    ``tau_min`` and every iterate a multiple of η). The track goes into the committed json's
+    ``w1_revival`` as ``lr<divisor>``."""
+    cfg = base.replace(estimator={"seed": 0}, **W1)
+    head = out / "w1_seed0"
+    if not head.exists():
+        head = out / "w1_seed0_head"
+        run(cfg.replace(schedule={"t1": t_from}), head)
+    tr = gflow.load(head)
+    i = int(np.flatnonzero(tr.ts <= t_from)[-1])
+    tail = continue_from(cfg.replace(solver={"eta": cfg.solver.eta / divisor}), tr, i, out / f"w1_seed0_lr{divisor}", t1,
+                         save_per_decade=24)  # fmt: skip
+    store = ROOT / "figures" / "official_full.json"
+    res = json.loads(store.read_text())
+    rv = res["w1_revival"]
+    if abs(float(tr.ts[i]) - rv["t0"]) > 1e-9:
+        raise ValueError(f"the head's saved time before t = {t_from} is {tr.ts[i]}, not the revival runs' t0 = {rv['t0']}")
+    rv[f"lr{divisor}"] = w1_track(tail, float(tr.ts[i]))
+    # the head's own a at the w₊ = 1 epochs it reaches, beside the committed sample 0 (the same iterates)
+    rv["head_check"] = {"t_end": float(tr.ts[-1]), "track": w1_track(tr)}
+    text = json.dumps(res, indent=1)
+    store.write_text(text)
+    (out / "official_full.json").write_text(text)
+    print(w1_tables(res))
+    return rv
+
+
 def step_check(cfg: gflow.Config, out: Path, t1: float = 20.0):
     """Sample 1's continuation from its t = 8 state at twice the configuration's Euler step, to
     `t1`, in ``w3_seed1_tail_2eta`` (beside ``w3_seed1_tail`` at the shipped step): the step
@@ -257,10 +289,16 @@ def main() -> None:
     ap.add_argument("--step-check", action="store_true",
                     help="also continue sample 1 from its t = 8 state at twice the Euler step, to t = 20 (the tail's step error)")
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--w1-step-check", type=int, default=None, metavar="K",
+                    help="only continue w₊ = 1 sample 0 from t = 31.6 at η/K to t = 50 (w1_seed0_lr<K>) and add it to the "
+                         "committed json's w₊ = 1 table: the η/5 run's distance from the flow")  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "official_full.json"
     base = gflow.load_config(CONFIG)
+    if args.w1_step_check is not None:
+        w1_step_check(base, args.out, args.w1_step_check)
+        return
     res = json.loads(store.read_text()) if store.exists() else {}
     if not args.table_only:
         w1 = args.seeds if args.w1_seeds is None else args.w1_seeds
@@ -585,6 +623,9 @@ def w1_tables(res: dict) -> str:
         rv = res["w1_revival"]
         row(f"sample 0 from t = {rv['t0']:.4g} at η = {rv['eta']:g}, dense saves", rv["fine"])
         row(f"sample 0 from t = {rv['t0']:.4g} at η/5 = {rv['eta'] / 5:g} (the stored runs' lr)", rv["lr"])
+        for key in sorted((k for k in rv if re.fullmatch(r"lr\d+", k)), key=lambda k: int(k[2:])):
+            n = int(key[2:])
+            row(f"sample 0 from t = {rv['t0']:.4g} at η/{n} = {rv['eta'] / n:g}", rv[key])
     return "\n".join(lines)
 
 
