@@ -157,7 +157,7 @@ def w1_step_check(base: gflow.Config, out: Path, divisor: int = 10, t_from: floa
         head = out / "w1_seed0_head"
         run(cfg.replace(schedule={"t1": t_from}), head)
     tr = gflow.load(head)
-    i = int(np.flatnonzero(tr.ts <= t_from)[-1])
+    i = int(np.flatnonzero(tr.ts < t_from)[-1])
     tail = continue_from(cfg.replace(solver={"eta": cfg.solver.eta / divisor}), tr, i, out / f"w1_seed0_lr{divisor}", t1,
                          save_per_decade=24)  # fmt: skip
     store = ROOT / "figures" / "official_full.json"
