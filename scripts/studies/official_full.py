@@ -334,13 +334,18 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
         res[k]["track"] = w1_track(tr)
     lr = None
     if "w1_seed0" in w1 and (out / "w1_seed0_fine").exists() and (out / "w1_seed0_lr").exists():
-        res["w1_revival"] = {"eta": base.solver.eta}
-        for name in ("fine", "lr"):
+        # the η/K step checks (``--w1-step-check K``) and their head are kept from the json unless
+        # their folder is here to read them again
+        old = {k: v for k, v in res.get("w1_revival", {}).items() if re.fullmatch(r"lr\d+|head_check", k)}
+        res["w1_revival"] = {"eta": base.solver.eta, **old}
+        checks = sorted(p.name[9:] for p in out.glob("w1_seed0_lr*") if re.fullmatch(r"w1_seed0_lr\d+", p.name))
+        for name in ("fine", "lr", *checks):
             tail = gflow.load(out / f"w1_seed0_{name}")
             t0 = float(tr_t0(w1["w1_seed0"], tail))
             res["w1_revival"]["t0"] = t0
             res["w1_revival"][name] = w1_track(tail, t0)
-        lr = (tail, t0)  # the η/5 continuation, drawn in the figure
+            if name == "lr":
+                lr = (tail, t0)  # the η/5 continuation, drawn in the figure
     if w1:
         plot_w1(res, list(w1.values()), ROOT / "figures" / "official_full_w1.png", lr)
     off = read_official("official_full_w3_lr1e-3_50000.csv")
