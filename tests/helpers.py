@@ -343,6 +343,7 @@ def prior_loss(seed: int, layout: str, norm: str = "sum", kind: str = "log") -> 
 # the loss's static configuration and shapes).
 loss_value = eqx.filter_jit(lambda f, p: f(p))  # (value_and_grad is used where possible: one compile)
 loss_value_and_grad = eqx.filter_jit(lambda f, p: f.value_and_grad(p))
+loss_grad = eqx.filter_jit(lambda f, p: f.grad(p))
 loss_stats = eqx.filter_jit(lambda f, p: f.stats(p))
 loss_per_sequence = eqx.filter_jit(lambda f, p: f.per_sequence(p))
 

@@ -8,7 +8,6 @@ import itertools
 import sys
 from pathlib import Path
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,16 +31,13 @@ from gflow.core import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import official_full  # noqa: E402
+from helpers import loss_grad, loss_per_sequence, loss_value, loss_value_and_grad  # noqa: E402
+
+# The estimator's calls go through helpers' compiled wrappers: called eagerly, each of their few
+# hundred primitives is compiled on its own (measured: 453 compilations, 13 s of 20, in one test
+# of this module).
 
 DATA = DataConfig(L=12)
-
-# The estimator's methods, compiled whole: called eagerly they dispatch op by op, and each of
-# their few hundred primitives is compiled on its own (measured: 453 compilations, 14 s, in one
-# test). Jitted they agree with the eager calls to rounding, below every tolerance here.
-_value_and_grad = eqx.filter_jit(lambda loss, p: loss.value_and_grad(p))
-_grad = eqx.filter_jit(lambda loss, p: loss.grad(p))
-_per_sequence = eqx.filter_jit(lambda loss, p: loss.per_sequence(p))
-_mean = eqx.filter_jit(lambda loss, p: loss(p))
 MEMBER_OPTIONS = {  # one configuration of every member, off its neutral values where it has some
     "paper": {},
     "token": {"token_init": 0.3},
@@ -120,10 +116,10 @@ def test_neutral_values_give_the_papers_model(key):
         blocks["pos"] = jnp.broadcast_to(pp.w[:, None, :], blocks["pos"].shape)
     p = Params.from_blocks(blocks)
     ref = make_loss(DATA, paper, EstimatorConfig(N=64))
-    v0, g0 = _value_and_grad(ref, pp)
+    v0, g0 = loss_value_and_grad(ref, pp)
     for layout in member_of(model).layouts:
         loss = make_loss(DATA, model, EstimatorConfig(N=64, layout=layout))
-        v, g = _value_and_grad(loss, p)
+        v, g = loss_value_and_grad(loss, p)
         assert abs(float(v - v0)) < 1e-12, layout
         assert float(jnp.max(jnp.abs(g.a - g0.a))) < 1e-12
         if key == "absolute":  # the RPE's gradient is the sum of the bands' gradient along each diagonal
@@ -162,7 +158,7 @@ def test_neutral_members_stage_I_flow_is_the_papers(key):
         C = np.zeros(len(cfg.model.subsets))
         C[order] = ref.C[i]
         p = p0.with_blocks({"C": jnp.asarray(C)})
-        g, g0 = _grad(loss, p), _grad(loss0, Params(w=jnp.asarray(ref.w[i]), C=jnp.asarray(ref.C[i]), a=jnp.asarray(ref.a[i])))
+        g, g0 = loss_grad(loss, p), loss_grad(loss0, Params(w=jnp.asarray(ref.w[i]), C=jnp.asarray(ref.C[i]), a=jnp.asarray(ref.a[i])))
         np.testing.assert_allclose(np.asarray(g.C)[order], np.asarray(g0.C), rtol=0, atol=1e-12)
     tr = gflow.integrate(cfg, params0=p0)
     t1 = tr.stage == 1
@@ -211,7 +207,7 @@ def test_full_model_equals_the_official_forward_pass(seed, norm):
     for layout in m.layouts:
         loss = PopulationLoss(feats=features(smp, m, layout=layout), model=model, eps=jnp.asarray(1e-6),
                               kind="ce_on_probs")  # fmt: skip
-        np.testing.assert_allclose(np.asarray(_per_sequence(loss, p)), ref, rtol=0, atol=1e-10)
+        np.testing.assert_allclose(np.asarray(loss_per_sequence(loss, p)), ref, rtol=0, atol=1e-10)
 
 
 def test_full_model_dead_head_carries_nothing():
@@ -247,7 +243,7 @@ def test_loss_and_gradient_agree_across_layouts(key):
     layouts = [ly for ly in m.layouts if ly not in _HEAVY_LAYOUTS.get(key, ())]
     ref = None
     for layout in layouts:
-        got = _value_and_grad(make_loss(DATA, model, EstimatorConfig(N=48, layout=layout)), p)
+        got = loss_value_and_grad(make_loss(DATA, model, EstimatorConfig(N=48, layout=layout)), p)
         ref = got if ref is None else ref
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-13, err_msg=f"{key} {layout}")
@@ -284,12 +280,12 @@ def test_member_gradient_equals_finite_differences(key):
     model = _model(key)
     p = _theta(model, seed=3)
     loss = make_loss(DATA, model, EstimatorConfig(N=40))
-    g = _grad(loss, p)
+    g = loss_grad(loss, p)
     rng = np.random.default_rng(7)
     for b in p.names:
         v = jnp.asarray(rng.normal(size=np.shape(p.get(b))))
         h = 1e-5
-        fd = (_mean(loss, p.with_blocks({b: p.get(b) + h * v})) - _mean(loss, p.with_blocks({b: p.get(b) - h * v}))) / (2 * h)
+        fd = (loss_value(loss, p.with_blocks({b: p.get(b) + h * v})) - loss_value(loss, p.with_blocks({b: p.get(b) - h * v}))) / (2 * h)
         an = jnp.sum(g.get(b) * v)
         assert abs(float(fd - an)) <= 1e-7 * max(1.0, abs(float(an))), (key, b, float(fd), float(an))
 
