@@ -31,11 +31,11 @@ from gflow.core import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import official_full  # noqa: E402
-from helpers import loss_grad, loss_per_sequence, loss_value, loss_value_and_grad  # noqa: E402
 
 # The estimator's calls go through helpers' compiled wrappers: called eagerly, each of their few
 # hundred primitives is compiled on its own (measured: 453 compilations, 13 s of 20, in one test
 # of this module).
+from helpers import loss_grad, loss_per_sequence, loss_value, loss_value_and_grad  # noqa: E402
 
 DATA = DataConfig(L=12)
 MEMBER_OPTIONS = {  # one configuration of every member, off its neutral values where it has some

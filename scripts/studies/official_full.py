@@ -338,7 +338,7 @@ def report(res: dict, out: Path, R: int, base: gflow.Config, t1: float) -> None:
         # their folder is here to read them again
         old = {k: v for k, v in res.get("w1_revival", {}).items() if re.fullmatch(r"lr\d+|head_check", k)}
         res["w1_revival"] = {"eta": base.solver.eta, **old}
-        checks = sorted(p.name[9:] for p in out.glob("w1_seed0_lr*") if re.fullmatch(r"w1_seed0_lr\d+", p.name))
+        checks = sorted(m[1] for p in out.glob("w1_seed0_lr*") if (m := re.fullmatch(r"w1_seed0_(lr\d+)", p.name)))
         for name in ("fine", "lr", *checks):
             tail = gflow.load(out / f"w1_seed0_{name}")
             t0 = float(tr_t0(w1["w1_seed0"], tail))
