@@ -130,3 +130,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """Each test module's compiled programs are freed when it ends: one worker of the suite
+    compiles thousands of distinct programs, whose memory maps reached the kernel's cap
+    (vm.max_map_count = 65,530) in test_theory.py and crashed jaxlib's compiler
+    (docs/tests.md, "Memory maps")."""
+    yield
+    from gflow._util import free_compiled_programs
+
+    free_compiled_programs()

@@ -118,3 +118,47 @@ def test_fingerprint_covers_every_subpackage(tmp_path, monkeypatch):
     (root / "core" / "_loss.py").rename(root / "core" / "_loss2.py")
     monkeypatch.setattr(_export_cache, "_FINGERPRINT", None)
     assert _export_cache._fingerprint() not in prints.values()
+
+
+@pytest.mark.skipif(_export_cache.mapped_regions() is None, reason="memory maps are read from /proc (Linux)")
+def test_freeing_compiled_programs_returns_their_memory_maps():
+    """Compiled programs hold memory maps until they are freed (about 16 each on XLA:CPU); freeing
+    them returns the maps, and a freed program compiles again to the same result."""
+    import jax.numpy as jnp
+
+    free_ = _export_cache.free_compiled_programs
+    free_()
+    n0 = _export_cache.mapped_regions()
+    fs = [jax.jit(lambda x, k=k: jnp.sin(x) * k + jnp.cumsum(x)) for k in range(40)]
+    first = [np.asarray(f(jnp.linspace(0.0, 1.0, k + 1))) for k, f in enumerate(fs)]
+    n1 = _export_cache.mapped_regions()
+    assert n1 - n0 >= 40 * 4  # each distinct program holds maps of its own while cached
+    free_()
+    n2 = _export_cache.mapped_regions()
+    assert n1 - n2 >= 0.8 * (n1 - n0)  # at least 80 % of them are returned
+    again = [np.asarray(f(jnp.linspace(0.0, 1.0, k + 1))) for k, f in enumerate(fs)]
+    for x, y in zip(first, again):
+        np.testing.assert_array_equal(x, y)  # recompiled, bit for bit
+
+
+@pytest.mark.skipif(_export_cache.mapped_regions() is None, reason="memory maps are read from /proc (Linux)")
+def test_relieve_memory_maps_frees_only_above_its_threshold(monkeypatch):
+    n = _export_cache.mapped_regions()
+    assert 0 < n < _export_cache.map_limit()
+    freed = []
+    monkeypatch.setattr(_export_cache, "free_compiled_programs", lambda: freed.append(1))
+    assert _export_cache.relieve_memory_maps(0.5, limit=4 * n) is False and not freed  # n < 0.5 * 4n
+    assert _export_cache.relieve_memory_maps(0.5, limit=n) is True and freed == [1]  # n > 0.5 * n
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 0"):
+        _export_cache.relieve_memory_maps(0)
+
+
+def test_a_serial_grid_relieves_the_maps_after_each_point(monkeypatch):
+    from gflow.runs import _executor
+
+    seen = []
+    monkeypatch.setattr(_executor, "relieve_memory_maps", lambda: seen.append("relieve"))
+    lost = _executor.run_points(None, lambda x: x * x, [(0, 2), (1, 3)], lambda k, v: seen.append((k, v)))
+    assert lost == {} and seen == ["relieve", (0, 4), "relieve", (1, 9)]
+    seen.clear()
+    assert _executor.call(_executor.worker_environment(), lambda x: x + 1, 4) == 5 and seen == ["relieve"]

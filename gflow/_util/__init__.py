@@ -10,7 +10,11 @@ from ._export_cache import cached_call as cached_call
 from ._export_cache import disable_export_cache as disable_export_cache
 from ._export_cache import enable_export_cache as enable_export_cache
 from ._export_cache import export_cache_folder as export_cache_folder
+from ._export_cache import free_compiled_programs as free_compiled_programs
+from ._export_cache import map_limit as map_limit
+from ._export_cache import mapped_regions as mapped_regions
 from ._export_cache import prepare_call as prepare_call
+from ._export_cache import relieve_memory_maps as relieve_memory_maps
 from ._export_cache import source_fingerprint as source_fingerprint
 from ._fit import PLATEAU_EXIT as PLATEAU_EXIT
 from ._fit import linear_fit as linear_fit

@@ -273,3 +273,58 @@ def _load_or_export(key: str, fn, treedef, static, leaves):
     except OSError:
         pass
     return exp
+
+
+# ---------------------------------------------------------------------------
+# Compiled programs and the process's memory maps
+# ---------------------------------------------------------------------------
+#
+# Every program XLA:CPU compiles keeps its machine code in memory maps of its own, for as long
+# as the program is cached (jax's caches, and _LOADED / _CALLERS here). Linux caps a process's
+# maps at vm.max_map_count (65,530 by default), and jaxlib does not survive reaching it: the
+# next compilation dies of a segmentation fault. A process that compiles thousands of distinct
+# programs (a grid whose points differ in shape, a test suite: one module of gflow's reached
+# 26,000 maps) must free them.
+
+
+def mapped_regions() -> int | None:
+    """The number of memory maps this process holds (``/proc/self/maps``; ``None`` off Linux)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def map_limit() -> int | None:
+    """The kernel's cap on a process's memory maps (``vm.max_map_count``; ``None`` off Linux)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def free_compiled_programs() -> None:
+    """Drop every compiled program this process caches: jax's caches (``jax.clear_caches``) and
+    the export cache's loaded programs (the files on disk stay). The next call of a program
+    compiles it again, to the same executable: results do not change, only the time."""
+    _LOADED.clear()
+    _CALLERS.clear()
+    jax.clear_caches()
+    import gc
+
+    gc.collect()
+
+
+def relieve_memory_maps(fraction: float = 0.5, *, limit: int | None = None) -> bool:
+    """:func:`free_compiled_programs` when this process holds more than `fraction` of its memory
+    maps' cap (`limit`, by default :func:`map_limit`); ``True`` when it did. A grid calls it
+    after each point (``gflow.runs``), so that a long grid in one process never reaches the cap."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"relieve_memory_maps: fraction must be in (0, 1], got {fraction!r}")
+    limit = map_limit() if limit is None else limit
+    n = mapped_regions()
+    if limit is None or n is None or n <= fraction * limit:
+        return False
+    free_compiled_programs()
+    return True

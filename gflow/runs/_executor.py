@@ -43,6 +43,12 @@ the grid raises :class:`GridIncomplete` once every other point is written: runni
 command again (``--resume`` for sweeps and replicates) computes only what is missing. An
 exception raised by a point's own computation is raised in the coordinator after the points
 already running have been written (the ones not started are cancelled).
+
+**Many programs in one process.** Each compiled program holds memory maps of its own, and
+jaxlib dies of a segmentation fault when a process reaches the kernel's cap on them
+(``vm.max_map_count``): after each point, the serial loop and every worker free the compiled
+programs once the process holds half the cap (:func:`gflow._util.relieve_memory_maps`), which
+changes no number, only the time of the next compilations.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .._util import atomic_write_bytes, export_cache_folder, source_fingerprint
+from .._util import atomic_write_bytes, export_cache_folder, relieve_memory_maps, source_fingerprint
 
 __all__ = [
     "EXECUTOR_FORMS",
@@ -297,7 +303,9 @@ def _usable(folder) -> bool:
 def call(env: dict[str, Any], fn: Callable[[Any], Any], payload: Any) -> Any:
     """What a worker runs: ``fn(payload)`` under the coordinator's environment `env`."""
     with _environment(env):
-        return fn(payload)
+        value = fn(payload)
+    relieve_memory_maps()  # a worker that computes many points stays below the kernel's cap on maps
+    return value
 
 
 @contextlib.contextmanager
@@ -385,7 +393,9 @@ def run_points(
     running have been handed over; an exception of `on_result` at once (the rest cancelled)."""
     if engine is None:
         for k, payload in tasks:
-            on_result(k, fn(payload))
+            value = fn(payload)
+            relieve_memory_maps()  # a long grid in one process stays below the kernel's cap on maps
+            on_result(k, value)
         return {}
     env = worker_environment()
     payloads = dict(tasks)
