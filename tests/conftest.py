@@ -4,6 +4,7 @@ import jax
 import pytest
 
 import gflow  # noqa: F401  (importing gflow turns on float64)
+from gflow._util import free_compiled_programs
 
 jax.config.update("jax_enable_x64", True)
 
@@ -139,6 +140,4 @@ def _free_compiled_programs():
     (vm.max_map_count = 65,530) in test_theory.py and crashed jaxlib's compiler
     (docs/tests.md, "Memory maps")."""
     yield
-    from gflow._util import free_compiled_programs
-
     free_compiled_programs()

@@ -28,6 +28,7 @@ Files are written to a temporary name and renamed (atomic: runs sharing a cache 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import re
@@ -311,8 +312,6 @@ def free_compiled_programs() -> None:
     _LOADED.clear()
     _CALLERS.clear()
     jax.clear_caches()
-    import gc
-
     gc.collect()
 
 
