@@ -385,14 +385,18 @@ _PROTECTED = re.compile(
 )
 
 
+_LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+\.)\s")
+
+
 def escape_emphasis(markdown: str) -> str:
     """Escape the ``_`` and the ``*`` after a symbol (``a*``, ``S*``) of plain text, which the
     pages use as mathematical notation (``x_{l−i}``, ``C*/2``, a star after a one-letter symbol), never as emphasis: Python-Markdown
-    would otherwise italicise the text between two of them. Code, math, link targets, HTML,
-    mkdocstrings lines (``:::``) and ``**bold**`` are left alone."""
+    would otherwise italicise the text between two of them. Code (fenced, inline and indented
+    blocks), math, link targets, HTML, mkdocstrings lines (``:::``) and ``**bold**`` are left alone."""
     out: list[str] = []
     para: list[str] = []  # a paragraph is escaped whole: a code span may run over two lines
     fence, math = None, False
+    in_list, code = False, False  # inside a list item; inside an indented code block
 
     def flush():
         if para:
@@ -406,7 +410,18 @@ def escape_emphasis(markdown: str) -> str:
 
     for line in markdown.split("\n"):
         s = line.lstrip()
-        if fence:
+        indent = len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip())
+        if s.strip() and not fence and not math:
+            # an indented code block: after a blank line (or within one), indented 4 columns past
+            # the text it sits in (8 inside a list item, whose paragraphs are indented 4)
+            code = (code or (not para and (not out or not out[-1].strip()))) and indent >= (8 if in_list else 4)
+            if not code and indent == 0:
+                in_list = bool(_LIST_ITEM.match(line))
+            elif not code and _LIST_ITEM.match(line):
+                in_list = True
+        if code and s.strip():
+            out.append(line)
+        elif fence:
             fence = None if s.startswith(fence) else fence
             out.append(line)
         elif s.startswith(("```", "~~~")):
@@ -426,8 +441,37 @@ def escape_emphasis(markdown: str) -> str:
     return "\n".join(out)
 
 
-def on_page_markdown(markdown, page, config, files):
+def fill_markers(markdown: str) -> str:
+    """The page with every generated section written afresh: the text between
+    ``<!-- gflow:NAME -->`` and ``<!-- /gflow:NAME -->`` (or after a marker without its end,
+    which gains one) is what :data:`_MARKERS`' function for ``NAME`` makes now."""
     for marker, make in _MARKERS.items():
-        if marker in markdown:
-            markdown = markdown.replace(marker, make())
-    return escape_emphasis(markdown)
+        end = marker.replace("<!-- gflow:", "<!-- /gflow:")
+        pattern = re.compile(re.escape(marker) + r"(?:\n.*?\n" + re.escape(end) + r"|(?!\n.*?" + re.escape(end) + "))", re.S)
+        if pattern.search(markdown):
+            body = make().strip("\n")
+            markdown = pattern.sub(lambda m: f"{marker}\n{body}\n{end}", markdown, count=1)
+    return markdown
+
+
+def generated_pages(root: Path = Path(__file__).resolve().parent) -> dict[Path, tuple[str, str]]:
+    """``{page: (committed text, fresh text)}`` of every page of `root` with a generated section:
+    the pages carry their generated tables in the repository, so that a reader of the files sees
+    them; ``tests/test_docs.py`` asserts they are fresh and ``python docs/hooks.py`` rewrites them."""
+    out = {}
+    for page in sorted(root.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if any(m in text for m in _MARKERS):
+            out[page] = (text, fill_markers(text))
+    return out
+
+
+def on_page_markdown(markdown, page, config, files):
+    return escape_emphasis(fill_markers(markdown))
+
+
+if __name__ == "__main__":  # python docs/hooks.py: rewrite the generated sections of the pages
+    for page, (old, new) in generated_pages().items():
+        if new != old:
+            page.write_text(new, encoding="utf-8")
+            print(f"rewrote {page}")

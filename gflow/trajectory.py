@@ -80,9 +80,10 @@ class StageRecord:
     - `steps`, `rejected`, `nfev`: solver statistics (accepted steps, rejected
       steps, vector-field evaluations), summed over the stage's segments.
     - `wall`: wall time in seconds (including compilation).
-    - `selected`: the set S Stage I selected (``argmax c/Σc`` at its end), as a list of
-      offsets: on Stage I (and a joint run) once it has ended, and on Stage II, whose heads'
-      concentration ends it; ``None`` on Stage III and on a stage still running.
+    - `selected`: the set S Stage I selected (``argmax c/Σc`` at its end), as a tuple of
+      heads like every set gflow names (the keys of ``Theory.laws``, ``Theory.S_star``; a list
+      given is stored as a tuple): on Stage I (and a joint run) once it has ended, and on Stage II,
+      whose heads' concentration ends it; ``None`` on Stage III and on a stage still running.
     """
 
     name: str
@@ -95,7 +96,12 @@ class StageRecord:
     rejected: int = 0
     nfev: int = 0
     wall: float = 0.0
-    selected: list[int] | None = None
+    selected: tuple[int, ...] | None = None
+
+    def __setattr__(self, name, value):
+        if name == "selected" and value is not None:  # one type for a set everywhere: a tuple
+            value = tuple(int(h) for h in value)
+        super().__setattr__(name, value)
 
 
 @dataclasses.dataclass

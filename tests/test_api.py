@@ -104,7 +104,7 @@ def test_stage_records_and_dadt(small_run):
     approaches it at the order of the difference (the saved grid: 12 points a decade)."""
     traj, _ = small_run
     st = {r.name: r for r in traj.stages}
-    assert st["I"].selected == st["II"].selected == [1, 2] and st["III"].selected is None
+    assert st["I"].selected == st["II"].selected == (1, 2) and st["III"].selected is None
     rate = traj.dadt()
     III = traj.stage == 3
     np.testing.assert_array_equal(rate[III], -traj.config.schedule.eta_a * traj.grad_a[III])

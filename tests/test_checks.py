@@ -86,7 +86,7 @@ def test_small_flow_every_prediction_passes(checked_run):
             assert str(r.tolerance).startswith("info"), r
     assert report.selected == report.S_star == report.argmax_J == (1, 2)
     assert report.theory["S_star"] == report.theory["selected"] == "{1,2}"
-    assert traj.stages[1].selected == [1, 2]
+    assert traj.stages[1].selected == (1, 2)
 
 
 def test_every_decided_row_fails_a_bounded_perturbation(checked_run):

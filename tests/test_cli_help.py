@@ -49,7 +49,9 @@ def test_one_param_syntax():
         for name, sp in _subparsers(cli.build_parser()).items()
         if any(a.dest == "param" for a in sp._actions)
     }
-    assert set(helps) == {"sweep", "phase", "eval"}
+    assert set(helps) == {"run", "sweep", "phase", "eval"}
+    run = helps.pop("run")  # one value a field, in the grids' syntax
+    assert "one value each, the sweep's syntax" in run and "gflow sweep" in run
     assert all(h.startswith(cli.PARAM_HELP) for h in helps.values())
     assert parse_param("data.parents=[1],[1,2]") == ("data.parents", [[1], [1, 2]])
     assert parse_param("data.L=50,100,200") == ("data.L", [50, 100, 200])

@@ -155,6 +155,18 @@ def test_config_reference_has_every_key():
     assert all(f"`{k}`" in md for k in C._KEY_TYPES)
 
 
+def test_generated_sections_are_fresh():
+    """The configuration table, the command-line help and the report's symbols are written into
+    their pages (readable in the repository) and are what the code generates now."""
+    pages = _hooks().generated_pages(DOCS)
+    names = {p.relative_to(DOCS).as_posix() for p in pages}
+    assert {"guides/configuration.md", "reference/cli.md", "guides/checks.md"} <= names
+    stale = [str(p.relative_to(ROOT)) for p, (old, new) in pages.items() if old != new]
+    assert not stale, f"generated sections out of date in {stale}: run python docs/hooks.py"
+    assert "`estimator.layout`" in pages[DOCS / "guides" / "configuration.md"][0]
+    assert "--param SECTION.KEY=VALUE" in pages[DOCS / "reference" / "cli.md"][0]
+
+
 def test_cli_reference_is_the_help(capsys, monkeypatch):
     """The command-line page holds, verbatim, what ``gflow … --help`` prints."""
     from gflow import cli
@@ -201,6 +213,12 @@ def test_notation_is_not_emphasis():
     )
     fenced = "```python\nx_1 = a*b\n```"
     assert hooks.escape_emphasis(fenced) == fenced
+    # an indented code block is code (a command copied from the page must run): left as written,
+    # also inside a list item at 8 columns, while a list item's 4-column paragraph is text
+    indented = "Run it with\n\n    python3 survival.py --members value_ln,token_factorised\n    gflow run x_y.toml\n\nthen a_b"
+    assert hooks.escape_emphasis(indented) == indented.replace("then a_b", "then a\\_b")
+    listed = "- item a_b\n\n    more c_d\n\n        code e_f\n"
+    assert hooks.escape_emphasis(listed) == "- item a\\_b\n\n    more c\\_d\n\n        code e_f\n"
 
 
 def _roles():
@@ -255,3 +273,21 @@ def test_exit_codes_are_listed_everywhere():
         assert re.search(rf"\b{code} (done|the gflow verdict|bad input|the integration|an unexpected|interrupted)", readme), code
         assert f"\n| {code} |" in table, code
         assert f"\n  {code} " in helptext, code
+
+
+def test_ci_runs_the_readmes_two_commands_first():
+    """``.ci/run`` takes the README's first bash block (its two commands: install + the default run,
+    install the test extra + the suite) as written, before installing anything else."""
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"^```bash\n(.*?)^```$", readme, re.S | re.M).group(1).splitlines()
+    assert block == [
+        "python3 -m pip install -e . && python3 -m gflow run --out runs/default",
+        "python3 -m pip install -e '.[test]' && python3 -m pytest",
+    ]
+    ci = (ROOT / ".ci" / "run").read_text()
+    awk = re.search(r"awk '([^']*)' README\.md", ci).group(1)
+    got = subprocess.run(["awk", awk, str(ROOT / "README.md")], capture_output=True, text=True, check=True).stdout
+    assert got.splitlines() == block
+    assert ci.index('"${README_COMMANDS[@]}"') < ci.index("'.[test,docs,cluster]'")  # nothing installed before

@@ -143,7 +143,7 @@ def test_staged_run_selects_and_concentrates(small_run):
     # Stage I picks {1, 2}; Stage II concentrates heads 1 and 2 on offsets 1 and 2.
     i1 = _rows(traj, 1)[-1]
     assert traj.subsets[int(np.argmax(traj.c_frac[i1]))] == (1, 2)
-    assert traj.stages[1].selected == [1, 2]
+    assert traj.stages[1].selected == (1, 2)
     i2 = _rows(traj, 2)[-1]
     s = traj.s[i2]
     assert s[0, 0] >= 0.99 - 1e-9 and s[1, 1] >= 0.99 - 1e-9

@@ -273,7 +273,7 @@ def test_stage2_ends_steady_at_its_interior_fixed_point():
     tr = gflow.integrate(cfg, params0=Params(w=p.w, C=jnp.asarray(C), a=p.a), loss=loss)
     st = {s.name: s for s in tr.stages}
     assert st["I"].ended_by == "event" and st["I"].t1 == 0.0
-    assert st["II"].ended_by == "steady" and st["II"].selected == [1, 3]
+    assert st["II"].ended_by == "steady" and st["II"].selected == (1, 3)
     assert st["II"].nfev < 10_000
     i_end = int(np.searchsorted(tr.ts, st["II"].t1))
     s = np.asarray(tr.s[i_end])

@@ -64,7 +64,7 @@ def test_ranges_and_separators():
     "params, kw, msg",
     [
         (["init.w_plus=1,2", "data.alpha=0.1", "data.L=20"], {}, r"one or two --param fields, got 3"),
-        (["init.w_pluss=1,2"], {}, r"\[init\] has no key 'w_pluss'; keys of \[init\]: \['w_plus'"),
+        (["init.w_pluss=1,2"], {}, r"\[init\] has no key 'w_pluss' \(did you mean 'init\.w_plus'\?\); keys of \[init\]: \['w_plus'"),
         (["data.parents=[1,2];[2,1]"], {}, r"data\.parents=\[2,1\]: data\.parents must be strictly increasing"),
         (["init.w_plus=1,2"], {"shard": "3/2"}, r"--shard must be k/n with integers 1 <= k <= n, got 3/2"),
         (["init.w_plus=1,2"], {"shard": "x"}, r"--shard must be k/n .* got 'x'"),

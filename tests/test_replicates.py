@@ -136,7 +136,7 @@ def test_bands_of_known_trajectories():
                 np.testing.assert_allclose(sb.values["c_frac"][r, j], tr.c_frac[i], rtol=1e-12)
                 np.testing.assert_allclose(sb.values["s"][r, j], tr.s[i], rtol=1e-12)
             np.testing.assert_allclose(sb.end["a"][r], tr.a[idx[-1]], rtol=1e-15)
-    assert b["II"].selected == [[1, 2]] * 3 and b["I"].ended_by == ["event"] * 3
+    assert b["II"].selected == [(1, 2)] * 3 and b["I"].ended_by == ["event"] * 3
 
 
 def test_bands_explicit_grid_and_single_replicate():
@@ -420,7 +420,7 @@ def test_batch_groups_stage_II_by_selected_set(monkeypatch, sequential):
     all are together again in Stage III."""
     monkeypatch.setattr(vmapped, "stage1_selection", lambda tr: [1] if tr.seed == 2 else [1, 2])
     got = integrate_batch(_cfgs())
-    assert [tr.stages[1].selected for tr in got] == [[1, 2], [1], [1, 2]]
+    assert [tr.stages[1].selected for tr in got] == [(1, 2), (1,), (1, 2)]
     for b, s in zip(got, sequential):
         b.stages[1].selected = s.stages[1].selected
         _assert_same_run(b, s)

@@ -57,7 +57,7 @@ def test_cross_product_and_values():
 @pytest.mark.parametrize(
     "param, msg",
     [
-        ("data.LL=50,100", r"unknown config field 'data\.LL': \[data\] has no key 'LL'; keys of \[data\]: \['d'"),
+        ("data.LL=50,100", r"unknown config field 'data\.LL': \[data\] has no key 'LL' \(did you mean 'data\.L'\?\); keys of \[data\]: \['d'"),
         ("dta.L=50", r"unknown config field 'dta\.L': no section \[dta\]"),
         ("data.L=20,-3", r"sweep point estimator\.N=100, data\.L=-3: data\.L must be an integer"),
         ("solver.method=tsit5,rk4", r"sweep point estimator\.N=100, solver\.method=rk4: .*solver\.method must be"),

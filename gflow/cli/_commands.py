@@ -65,6 +65,8 @@ def cmd_run(args) -> int:
     if args.resume and args.config is None:  # resume from the folder: its saved configuration
         cfg = _saved_config(out, args.replicates is not None)
     cfg = load_config(args.config) if cfg is None else cfg
+    if args.param:
+        cfg = with_params(cfg, args.param)
     if args.progress:
         cfg = cfg.replace(solver={"progress": True})
     if args.replicates is not None:
@@ -101,6 +103,8 @@ def cmd_run(args) -> int:
         for w in warnings:
             print(f"gflow run: warning: {w}", file=sys.stderr)
         check_output_dry(out)
+        if args.replicates is None:
+            refuse_foreign_folder(out, args)
         room = "no limit" if avail is None else f"{fmt_bytes(avail)} available ({where})"
         print(f"gflow run: dry run: configuration valid; memory estimate {fmt_bytes(need)}"
               f"{f' ({batch} replicates at once)' if batch > 1 else ''}, {room}; output {str(out)!r}")  # fmt: skip
@@ -109,9 +113,25 @@ def cmd_run(args) -> int:
         return _run_replicates(args, cfg, out)
     for w in warnings:
         print(f"gflow run: warning: {w}", file=sys.stderr)
+    refuse_foreign_folder(out, args)
     check_output(out)  # before any compute: a file, under a file, read-only
     with lock(out):  # held through the run, its report and its figures
         return _run(args, cfg, out)
+
+
+def with_params(cfg, params: list[str]):
+    """`cfg` with ``gflow run --param SECTION.KEY=VALUE`` applied: the sweep's syntax and
+    checks (:func:`gflow.runs.sweep_points`), one value per field (several are a sweep:
+    a ``ValueError`` naming the field and ``gflow sweep``)."""
+    from ..runs import parse_param, sweep_points
+
+    for spec in params:
+        field, vals = parse_param(spec)
+        if len(vals) != 1:
+            raise ValueError(f"--param {spec!r}: gflow run takes one value for {field!r}, got {len(vals)} "
+                             "(several values are a grid: gflow sweep, gflow phase)")  # fmt: skip
+    ((_, cfg),) = sweep_points(cfg, params)
+    return cfg
 
 
 def _warnings(cfg) -> list[str]:
@@ -121,6 +141,26 @@ def _warnings(cfg) -> list[str]:
 
     unrep = unrepresented_parents(cfg.data, cfg.model)
     return warnings_for(cfg) + ([unrep] if unrep else [])
+
+
+# what a folder may hold besides a run and still take a new one: gflow's own lock and log
+_RUN_LEFTOVERS = ("gflow.log",)
+
+
+def refuse_foreign_folder(out: Path, args) -> None:
+    """Refuse (exit 2, before any compute) to write a run into an existing folder that holds other
+    files and no run, unless ``--overwrite`` asks for it (the other files are then left alone);
+    hidden files and ``gflow.log`` (an earlier attempt's) do not count."""
+    from ..runs import RunFolder
+    from ..trajectory import RunFolderError
+
+    if args.overwrite or args.resume or not out.is_dir() or RunFolder(out).holds_run():
+        return
+    other = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name not in _RUN_LEFTOVERS)
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        raise RunFolderError(f"{str(out)!r}: holds other files ({shown}) and no run: give a new or empty folder, "
+                             "or --overwrite to write the run beside them")  # fmt: skip
 
 
 def check_output_dry(out: Path) -> None:

@@ -28,7 +28,7 @@ examples:
   gflow sweep --param data.L=50,100,200 --out runs/L
   gflow phase --param init.w_plus=log:0.5:8:8 --param data.L=20,40 --out runs/phase
 
---param syntax (sweep, phase, eval):
+--param syntax (run: one value a field; sweep, phase, eval: several):
   SECTION.KEY=V1,V2,...   the values are TOML values separated by commas, e.g.
                           data.L=50,100,200 or data.start=uniform,stationary;
                           a list value keeps its brackets: data.parents=[1],[1,2]
@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
              "so an interrupted run can be resumed.")  # fmt: skip
     r.add_argument("config", nargs="?", help="TOML configuration (default: the paper's default run)")
     r.add_argument("--out", required=True, help="output folder (the run folder)")
+    r.add_argument("--param", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="set one config field on top of the configuration (one value each, the sweep's "
+                   "syntax: data.L=40, 'data.parents=[1,2]'); repeat for several fields; "
+                   "several values are a sweep: gflow sweep")  # fmt: skip
     r.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     r.add_argument("--overwrite", action="store_true", help="replace a run already saved in --out")
     r.add_argument("--progress", action="store_true", help="diffrax's tqdm progress meter")

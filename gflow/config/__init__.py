@@ -34,6 +34,7 @@ from ._load import load_config as load_config
 from ._load import refuse_sgd as refuse_sgd
 from ._load import warnings_for as warnings_for
 from ._sections import KEY_TYPES as KEY_TYPES
+from ._sections import did_you_mean as did_you_mean
 from ._sections import METHODS as METHODS
 from ._sections import SECTIONS as SECTIONS
 from ._sections import STOCHASTIC_METHODS as STOCHASTIC_METHODS

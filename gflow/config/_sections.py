@@ -386,7 +386,11 @@ class Config(eqx.Module):
         d = self.to_dict()
         for sec, vals in sections.items():
             if sec not in d:
-                raise ValueError(f"unknown config section {sec!r}; allowed: {sorted(d)}")
+                raise ValueError(f"unknown config section {sec!r}{did_you_mean(sec, d)}; allowed: {sorted(d)}")
+            for k in vals:  # before the update: the suggestion looks among the keys not given
+                if k not in d[sec]:
+                    raise ValueError(f"unknown config key {sec}.{k}{did_you_mean(k, d[sec], sec, vals)}; "
+                                     f"allowed keys of [{sec}]: {list(d[sec])}")  # fmt: skip
             d[sec].update(vals)
         return from_dict(d)
 

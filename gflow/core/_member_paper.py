@@ -114,8 +114,9 @@ class PaperModel(AbstractModel):
         return tuple(S)
 
     def set_offsets(self, S):
-        if self.model.windows != "aligned":
-            return None
+        # aligned windows: head h's one-hot copier sits on offset h (w[h−1, h−1]); shifted windows:
+        # head h reads offsets h..h+M−1 and its copier sits on the first, offset h (w[h−1, 0]).
+        # Either way the set of heads S copies the parent offsets S.
         return tuple(S)
 
     # -- the table layouts ---------------------------------------------------------------------

@@ -197,9 +197,9 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
     return traj
 
 
-def stage1_selection(traj: Trajectory) -> list[int]:
+def stage1_selection(traj: Trajectory) -> tuple[int, ...]:
     """The set selected by Stage I: the largest ``c_S/Σc`` at its end."""
-    return list(traj.subsets[traj.c_frac[-1].argmax()])
+    return tuple(traj.subsets[traj.c_frac[-1].argmax()])
 
 
 def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=stage1_selection) -> StageRecord | None:

@@ -37,5 +37,6 @@ from ._spectrum import SPECTRUM_TIMES as SPECTRUM_TIMES
 from ._spectrum import run_spectrum as run_spectrum
 from ._spectrum import saved_spectrum as saved_spectrum
 from ._sweep import SweepResult as SweepResult
+from ._sweep import parse_param as parse_param
 from ._sweep import run_sweep as run_sweep
 from ._sweep import sweep_points as sweep_points

@@ -81,7 +81,7 @@ class StageBands:
     length: np.ndarray
     end: dict[str, np.ndarray]
     ended_by: list[str | None]
-    selected: list[list[int] | None]
+    selected: list[tuple[int, ...] | None]
 
     def _stat(self, stat: str) -> dict[str, np.ndarray]:
         return {q: _reduce(v, stat) for q, v in self.values.items()}

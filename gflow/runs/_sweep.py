@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_text, format_cell, log_slope, rows_of_stage, show_value, write_csv
-from ..config import Config, from_dict
+from ..config import Config, did_you_mean, from_dict
 from ..core import subset_label
 from ..dynamics import FlowError
 from ..trajectory import Trajectory
@@ -160,9 +160,11 @@ def _check_field(config: Config, field: str) -> tuple[str, str]:
     d = config.to_dict()
     sec, _, key = field.partition(".")
     if sec not in d:
-        raise ValueError(f"unknown config field {field!r}: no section [{sec}]; sections: {sorted(d)}")
+        raise ValueError(f"unknown config field {field!r}: no section [{sec}]{did_you_mean(sec, d)}; "
+                         f"sections: {sorted(d)}")  # fmt: skip
     if key not in d[sec]:
-        raise ValueError(f"unknown config field {field!r}: [{sec}] has no key {key!r}; keys of [{sec}]: {list(d[sec])}")
+        raise ValueError(f"unknown config field {field!r}: [{sec}] has no key {key!r}{did_you_mean(key, d[sec], sec)}; "
+                         f"keys of [{sec}]: {list(d[sec])}")  # fmt: skip
     return sec, key
 
 
