@@ -197,7 +197,7 @@ def _eval_parser(sub) -> None:
     e = _sub(sub, "eval", "evaluate a run's final parameters on other data configurations, with the loss ladder",
              "Evaluate a run's final parameters on every point of the cross product of the --param values, each "
              "on its own sample, with that sample's loss ladder (oracle, Bayes, GIH, unigram). It may change "
-             "data.L, data.alpha, data.parents, data.start, data.burn_in, data.kernel, estimator.N, "
+             "data.L, data.alpha, data.parents, data.start, data.burn_in, data.kernel, data.prior, estimator.N, "
              "estimator.seed and estimator.chunk. Writes eval.csv, eval.json and eval.png.")  # fmt: skip
     e.add_argument("dir", help="a run folder")
     e.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES", help=PARAM_HELP)

@@ -470,6 +470,8 @@ KEY_TYPES: dict[str, KeyType] = {
     "data.start": _STR,
     "data.burn_in": _INT,
     "data.kernel": _MATRIX,
+    "data.kind": _STR,
+    "data.prior": _STR,
     "model.M": _INT,
     "model.H": _INT,
     "model.D": _INT,

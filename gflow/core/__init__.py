@@ -19,6 +19,9 @@ from ._data import sample as sample
 from ._data import sample_fast_time_major as sample_fast_time_major
 from ._data import sample_from_chain as sample_from_chain
 from ._data import sample_kernels as sample_kernels
+from ._priors import PRIORS as PRIORS
+from ._priors import AbstractPrior as AbstractPrior
+from ._priors import prior_of as prior_of
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law
 from ._family import AbstractModel as AbstractModel

@@ -28,8 +28,10 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._util import rng_normal, rng_uniform
+from ._priors import PRIORS, prior_of
 
 _STARTS = ("stationary", "uniform")
+_KINDS = ("ngram",)
 
 
 def _as_parents(p) -> tuple[int, ...]:
@@ -56,7 +58,13 @@ class DataConfig(eqx.Module):
       before ``x_1``; ``>= 0``.
     - `kernel`: optional fixed kernel (extension: a point-mass prior), shape
       ``(d**k, d)`` or ``(d,)*k + (d,)``, rows non-negative summing to one.
-      When given, ``alpha`` is unused.
+      When given, ``alpha`` and ``prior`` are unused.
+    - `kind`: the data family's member: ``"ngram"`` (this mixture; the only kind so far).
+    - `prior`: the kernels' prior (:mod:`gflow.core._priors`): ``"dirichlet"`` (the paper's,
+      independent ``Dirichlet(α·1_d)`` rows), ``"doubly_stochastic"`` (extension, Edelman et al.:
+      Dirichlet rows balanced by Sinkhorn's iteration, uniform stationary law; one parent only) or
+      ``"unigram"`` (extension, Edelman et al.: one ``Dirichlet(α·1_d)`` row shared by every
+      parent configuration, i.i.d. tokens).
     """
 
     d: int = eqx.field(static=True, default=3)
@@ -68,6 +76,8 @@ class DataConfig(eqx.Module):
     kernel: Float[np.ndarray, "K d"] | None = eqx.field(
         static=True, default=None, converter=lambda k: None if k is None else _HashableArray(k)
     )
+    kind: Literal["ngram"] = eqx.field(static=True, default="ngram")
+    prior: Literal["dirichlet", "doubly_stochastic", "unigram"] = eqx.field(static=True, default="dirichlet")
 
     def __check_init__(self):
         if not isinstance(self.d, (int, np.integer)) or self.d < 2:
@@ -87,6 +97,13 @@ class DataConfig(eqx.Module):
             raise ValueError(f"data.start must be one of {_STARTS}, got {self.start!r}")
         if not isinstance(self.burn_in, (int, np.integer)) or self.burn_in < 0:
             raise ValueError(f"data.burn_in must be an integer >= 0, got {self.burn_in!r}")
+        if self.kind not in _KINDS:
+            raise ValueError(f"data.kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"data.prior must be one of {tuple(PRIORS)}, got {self.prior!r}")
+        why = None if self.kernel is not None else PRIORS[self.prior]().refusal(p, self.alpha)
+        if why is not None:
+            raise ValueError(why)
         if self.kernel is not None:
             k = self.kernel.array
             K = self.d ** len(p)
@@ -277,14 +294,15 @@ class Sample(eqx.Module):
 
 
 def sample_kernels(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64) -> Float[Array, "N K d"]:
-    """``N`` kernels from the prior: i.i.d. ``Dirichlet(α·1_d)`` rows, or the fixed kernel."""
+    """``N`` kernels from the prior ``data.prior`` (:mod:`gflow.core._priors`: i.i.d.
+    ``Dirichlet(α·1_d)`` rows by default), or the fixed kernel."""
     fixed = cfg.fixed_kernel()
     if fixed is not None:
         return jnp.broadcast_to(fixed.astype(dtype), (N, cfg.n_configs, cfg.d))
-    # Dirichlet through normalised Gamma draws, in log space: with α = 0.1 a
+    # jax.random.dirichlet normalises Gamma draws in log space: with α = 0.1 a
     # Gamma draw underflows in float32 with non-negligible probability.
-    alpha = jnp.full((N, cfg.n_configs, cfg.d), cfg.alpha, dtype)
-    return jax.random.dirichlet(key, alpha, dtype=dtype)
+    dirichlet = lambda shape: jax.random.dirichlet(key, jnp.full(shape, cfg.alpha, dtype), dtype=dtype)
+    return prior_of(cfg).kernels(dirichlet, (N, cfg.n_configs, cfg.d))
 
 
 def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, steps: int | None = None) -> Sample:
@@ -327,7 +345,7 @@ def chain_key(cfg: DataConfig) -> DataConfig:
     """`cfg` without what only selects a part of the chain (``L``, ``burn_in``): configurations with one
     chain key and one seed share their chain (:func:`draw_chain`)."""
     return DataConfig(d=cfg.d, parents=cfg.parents, alpha=cfg.alpha, L=cfg.m, start=cfg.start, burn_in=0,
-                      kernel=None if cfg.kernel is None else cfg.kernel.array)  # fmt: skip
+                      kernel=None if cfg.kernel is None else cfg.kernel.array, prior=cfg.prior)  # fmt: skip
 
 
 class Chain(eqx.Module):
@@ -486,9 +504,11 @@ def _dirichlet_fast(cfg: DataConfig, N: int, key, dtype):
     fixed = cfg.fixed_kernel()
     if fixed is not None:
         return jnp.broadcast_to(fixed.astype(dtype), (N, cfg.n_configs, cfg.d))
-    shape = (N, cfg.n_configs, cfg.d)
-    lg = _log_gamma(key, cfg.alpha, int(np.prod(shape)), dtype).reshape(shape)
-    return jax.nn.softmax(lg, axis=-1)  # normalised Gamma draws, in log space
+
+    def dirichlet(shape):  # normalised Gamma draws, in log space
+        return jax.nn.softmax(_log_gamma(key, cfg.alpha, int(np.prod(shape)), dtype).reshape(shape), axis=-1)
+
+    return prior_of(cfg).kernels(dirichlet, (N, cfg.n_configs, cfg.d))
 
 
 def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
@@ -540,7 +560,8 @@ def sample_fast_time_major(cfg: DataConfig, N: int, key, dtype=jnp.float64):
         # parent p is the window's digit of weight d^(p-1)
         z = sum(((w // d ** (p - 1)) % d) * d ** (k - 1 - j) for j, p in enumerate(cfg.parents))
         x = jnp.sum(u[:, None] >= F[base + z], -1).astype(jnp.int32)
-        return (w % d ** (m - 1)) * d + x if m > 1 else x, x
+        # one parent: the window is the token itself, kept in the window code's integer type
+        return (w % d ** (m - 1)) * d + x if m > 1 else x.astype(w.dtype), x
 
     _, xs = jax.lax.scan(step, w0, U)  # (n_steps, N); one iteration a position (unrolling was slower)
     tokens = jnp.concatenate([win0.T, xs], axis=0)[cfg.burn_in :]  # (L+1, N)

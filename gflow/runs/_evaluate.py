@@ -54,7 +54,7 @@ from ._sweep import parse_param, sweep_points
 __all__ = ["EVAL_KEYS", "EvalResult", "eval_point", "eval_task", "evaluate", "plot_eval"]
 
 EVAL_KEYS = {
-    "data": ("L", "alpha", "parents", "start", "burn_in", "kernel"),
+    "data": ("L", "alpha", "parents", "start", "burn_in", "kernel", "prior"),
     "estimator": ("N", "seed", "chunk"),
 }
 _WHY = {

@@ -219,7 +219,7 @@ def point_theory(cfg: Config, *, n_pi: int = 2000, pi_seed: int = 0, cache: _Cac
     cache = cache or _Cache()
     dd = cfg.to_dict()
     sets = cfg.model.subsets
-    prior = {k: v for k, v in dd["data"].items() if k in ("d", "parents", "alpha", "kernel")}
+    prior = {k: v for k, v in dd["data"].items() if k in ("d", "parents", "alpha", "kernel", "prior")}
     member = member_of(cfg.model)
     reads = tuple(member.set_offsets(S) or () for S in sets)  # a member's sets through the offsets they read
     rk = _key(prior, reads, n_pi, pi_seed)

@@ -66,6 +66,7 @@ from ..core import (
     PopulationLoss,
     PositionFeatures,
     Sample,
+    prior_of,
     sequence_loss,
     subset_label,
 )
@@ -93,7 +94,7 @@ def bayes_counts(source, parents) -> jnp.ndarray:
     parents = tuple(int(p) for p in parents)
     if isinstance(source, CountFeatures):
         M = _window_of(source)
-        if max(parents) > M:
+        if parents and max(parents) > M:
             raise ValueError(
                 f"the Bayes rung needs the context's tokens: parents {parents} reach beyond the model's "
                 f"window M={M} of the counts layout; pass the Sample (sample=...) or use layout='positions'"
@@ -309,7 +310,8 @@ def loss_ladder(
             and max(data.parents) > _window_of(loss.feats):  # fmt: skip
         sample = _redraw(data, estimator, loss)
     src = sample if sample is not None else loss.feats
-    n = bayes_counts(src, data.parents)
+    prior = prior_of(data)  # the Dirichlet rows' contexts, or (unigram) every token
+    n = bayes_counts(src, prior.bayes_offsets(data.parents))
     values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))
 
     gih = make_gih(loss, tuple(S))
@@ -324,7 +326,7 @@ def loss_ladder(
 
     values = {k: np.asarray(v, np.float64) for k, v in values.items()}
     e_m, e_se = mean_se(ent)
-    optimal = data.start == "uniform" and data.burn_in == 0 and data.kernel is None
+    optimal = data.kernel is None and prior.bayes_exact(data)
     return Ladder(
         values=values, S=tuple(int(h) for h in S), a_gih=a_gih, entropy=e_m, entropy_se=e_se,
         kind=kind, eps=eps, alpha=float(data.alpha), bayes_optimal=optimal,

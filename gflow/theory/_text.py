@@ -28,7 +28,9 @@ def format_theory(theory) -> str:
     labels = report["labels"]
     out = []
     fixed = dc.get("fixed_kernel") or dc.get("kernel") is not None
-    prior = "fixed kernel" if fixed else f"Dirichlet(alpha={dc['alpha']:g})"
+    kind = {"dirichlet": "Dirichlet", "doubly_stochastic": "doubly stochastic Dirichlet",
+            "unigram": "unigram Dirichlet"}.get(dc.get("prior", "dirichlet"), dc.get("prior"))  # fmt: skip
+    prior = "fixed kernel" if fixed else f"{kind}(alpha={dc['alpha']:g})"
     out.append(
         f"gflow theory — d={dc['d']}, parents {tuple(dc['parents'])}, {prior}, L={dc['L']}; "
         f"TF(M={mc['M']}, H={mc['H']}, D={mc['D']}, norm={mc['norm']}); "
