@@ -378,7 +378,7 @@ _MARKERS: dict[str, typing.Callable[[], str]] = {
 
 
 _PROTECTED = re.compile(
-    r"(`+[^`]*`+"  # code spans
+    r"((`+)[\s\S]+?(?<!`)\2(?!`)"  # code spans, closed by a run of as many backticks as opened them
     r"|\$\$.*?\$\$|\$[^$\n]+\$|\\\(.*?\\\)"  # math
     r"|\]\([^)]*\)|<[^>]+>|\{[^}]*#[^}]*\}"  # link targets, HTML tags, attribute lists
     r"|(?<![\w*\\])\*[^\s*][^*\n]*?(?<=[^\s*\\])\*(?![\w*]))"  # *italic* (opened after a space)
@@ -400,7 +400,11 @@ def escape_emphasis(markdown: str) -> str:
 
     def flush():
         if para:
-            parts = _PROTECTED.split("\n".join(para))
+            text, parts, pos = "\n".join(para), [], 0
+            for m in _PROTECTED.finditer(text):  # [text, protected, text, …, text]
+                parts += [text[pos : m.start()], m.group(0)]
+                pos = m.end()
+            parts.append(text[pos:])
             for i in range(0, len(parts), 2):  # the text between the protected pieces
                 t = re.sub(r"(?<!\\)_", r"\\_", parts[i])
                 # a star after a one-letter symbol or a bracket (a*, S*, C*/2, F(a)*): notation

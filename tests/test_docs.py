@@ -217,6 +217,9 @@ def test_notation_is_not_emphasis():
     # also inside a list item at 8 columns, while a list item's 4-column paragraph is text
     indented = "Run it with\n\n    python3 survival.py --members value_ln,token_factorised\n    gflow run x_y.toml\n\nthen a_b"
     assert hooks.escape_emphasis(indented) == indented.replace("then a_b", "then a\\_b")
+    # a code span holding backticks is closed by a run as long as the one that opened it
+    spans = "runs every ```` ```python ```` block at `GFLOW_EXAMPLE_SIZE=tiny`; `tests/test_cli_help.py` x_1"
+    assert hooks.escape_emphasis(spans) == spans.replace("x_1", "x\\_1")
     listed = "- item a_b\n\n    more c_d\n\n        code e_f\n"
     assert hooks.escape_emphasis(listed) == "- item a\\_b\n\n    more c\\_d\n\n        code e_f\n"
 
