@@ -359,6 +359,16 @@ def test_auto_layout_picks_sparse_for_the_official_span():
     assert resolve_layout("sparse", 3, 3) == "sparse"
 
 
+def test_auto_layout_of_own_token_members_is_sparse_while_its_table_fits():
+    """The token and Full members read the key's own token: their sparse table is d times the
+    paper's, and auto takes it while it has at most 2**20 entries, else the vectors layout."""
+    full, token = gflow.ModelConfig(member="full"), gflow.ModelConfig(member="token")
+    assert resolve_layout("auto", 3, full) == "sparse"  # span 5: 3 · 88,452 entries
+    assert resolve_layout("auto", 3, token) == "sparse"  # span 3: 3 · 1,080 entries
+    assert 4 * sparse_table_size(4, 5) > 2**20 and resolve_layout("auto", 4, full) == "vectors"
+    assert resolve_layout("auto", 3, gflow.ModelConfig(member="value")) == "counts"  # no own token: unchanged
+
+
 def test_replicates_with_different_slot_counts_stack(getkey):
     """Two seeds' sparse features hold different numbers of slots; the batched runs pad
     them to one shape and each replicate's loss is unchanged."""

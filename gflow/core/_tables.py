@@ -29,7 +29,7 @@ import numpy as np
 
 from ._data import all_windows
 from ._family import AbstractModel
-from ._member_paper import table_layout
+from ._member_paper import AUTO_MAX_SPARSE, sparse_table_size, table_layout
 from ._model import ModelConfig, Params
 from ._ops import sequence_loss
 from ._paper import predict_from_counts, shifted_windows, sparse_query_block, sparse_windows
@@ -279,11 +279,18 @@ class AbstractWindowModel(AbstractModel):
         return ("counts", "positions", "sparse", "vectors")
 
     def auto_layout(self, d: int) -> str:
-        """The paper's choice (counts up to 512 windows, then sparse, then positions), except that a
-        κ table that also reads the key's own token, beyond the counts layout, is not tabulated:
-        the vectors layout (the official Full model's)."""
-        lay = table_layout(d, self.span)
-        return "vectors" if lay != "counts" and self.own_token else lay
+        """The paper's choice (counts up to 512 windows, then sparse, then positions). A κ table
+        that also reads the key's own token (the token and Full members) is d times larger: the
+        sparse layout while that table has at most 2**20 entries (``d·sparse_table_size``), else the
+        vectors layout. Measured (``scripts/benchmarks/bench_members.py``, N = 10⁴, one gradient):
+        the Full model at d = 3, L = 100 in 108 ms sparse against 881 vectors and 755 counts, at
+        d = 2 in 28 against 304 (vectors), at d = 3, L = 40 in 126 against 635; the token member
+        in 17 against 42 (counts). The per-sequence statistics of a saved time cost more in sparse
+        (2.3 s against 0.65 s for the Full model at d = 3, L = 40), but a flow takes tens to
+        thousands of gradients per saved time."""
+        if not self.own_token:
+            return table_layout(d, self.span)
+        return "sparse" if d * sparse_table_size(d, self.span) <= AUTO_MAX_SPARSE else "vectors"
 
     @property
     def has_table_hessian(self) -> bool:
