@@ -336,3 +336,35 @@ def test_run_spectrum_saved_and_drawn(tmp_path, small_loss):
 
     paths = draw_run(out, tmp_path / "figs", traj=tr, spectrum=saved_spectrum(out, tr))
     assert paths[-1].name == "sharpness.png" and paths[-1].is_file()
+
+
+@pytest.mark.parametrize("member, layout", [("paper", "positions"),
+                                            pytest.param("full", "vectors", marks=pytest.mark.slow)])  # fmt: skip
+def test_hessian_vector_products_batched_to_a_memory_budget(monkeypatch, member, layout):
+    """A loss without the κ table's second derivatives (the positions layout; the Full model in
+    any layout) takes one HVP per moving coordinate: batched to fit the budget (:func:`hvp_batch`,
+    from XLA's memory analysis of one compiled HVP), the Hessian is the one of all HVPs at once,
+    and its finite differences. (The Full model's case, about 100 HVPs, compiles for a minute.)"""
+    from gflow.dynamics import _spectrum as sp
+
+    cfg = gflow.Config().replace(data={"L": 8}, model={"member": member}, estimator={"N": 20, "layout": layout},
+                                 schedule={"kind": "joint"})  # fmt: skip
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    p = gflow.init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L)
+    theta = sp.flatten(p)
+    P = theta.shape[0]
+    cols = tuple(range(P))
+    H, M = p.w.shape
+    shapes = tuple((b, tuple(np.shape(p.get(b)))) for b in p.names) if p.x else None
+    assert sp.hvp_batch(loss, theta, cols, H, M, shapes, budget=1) == 1
+    assert sp.hvp_batch(loss, theta, cols, H, M, shapes, budget=10**15) == P
+    at_once = sp.loss_hessian(loss, p)
+    monkeypatch.setattr(sp, "HVP_MEMORY", 1)  # one HVP at a time
+    one_by_one = sp.loss_hessian(loss, p)
+    np.testing.assert_allclose(one_by_one, at_once, rtol=1e-10, atol=1e-12)
+    # against central differences of the gradient along one coordinate
+    g = jax.grad(lambda x: loss(sp.unflatten(x, H, M, like=None if shapes is None else sp._like(shapes))))
+    for j in (P - 1,):
+        e = jnp.zeros(P).at[j].set(1e-5)
+        fd = (np.asarray(g(theta + e)) - np.asarray(g(theta - e))) / 2e-5
+        np.testing.assert_allclose(at_once[:, j], fd, rtol=1e-5, atol=1e-7)

@@ -127,9 +127,28 @@ def step_scales(cfg: Config, stage: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _sym_block(loss_fn, theta, root_scale_m, cols, H, M, shapes=None):
+#: The memory the Hessian-vector products of one state may hold at once: a model without the κ
+#: table's second derivatives (the Full model, absolute positions) takes one HVP per moving
+#: coordinate, and all of them vmapped at once ran out of memory for the Full model at N = 200
+#: (about 100 coordinates); :func:`hvp_batch` fits them into this.
+HVP_MEMORY = 4 * 2**30
+
+
+def hvp_batch(loss_fn, theta, cols, H: int, M: int, shapes=None, *, budget: int = HVP_MEMORY) -> int:
+    """How many of the ``len(cols)`` Hessian-vector products of one state to vmap at once: the
+    temporary memory XLA's memory analysis reports for one compiled HVP at `theta`, into `budget`
+    bytes (at least 1; all of them when they fit, today's single vmap)."""
+    like = None if shapes is None else _like(shapes)
+    f = lambda x: loss_fn(unflatten(x, H, M, like=like))  # noqa: E731
+    one = jax.jit(lambda th, v: jax.jvp(jax.grad(f), (th,), (v,))[1])
+    per = one.lower(theta, theta).compile().memory_analysis().temp_size_in_bytes
+    return int(max(1, min(len(cols), int(budget) // max(int(per), 1))))
+
+
+def _sym_block(loss_fn, theta, root_scale_m, cols, H, M, shapes=None, hvps: int | None = None):
     """``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ (the moving coordinates `cols`; `shapes`: a
-    member's blocks, ``_shapes``, ``None`` for the paper's θ)."""
+    member's blocks, ``_shapes``, ``None`` for the paper's θ; `hvps`: Hessian-vector products
+    vmapped at once, :func:`hvp_batch`, ``None`` for all)."""
     c = jnp.asarray(cols)
     like = None if shapes is None else _like(shapes)
     if has_table(loss_fn):  # the counts and sparse layouts: the whole Hessian by the κ table's structure
@@ -140,14 +159,15 @@ def _sym_block(loss_fn, theta, root_scale_m, cols, H, M, shapes=None):
     grad = jax.grad(f)
     P = theta.shape[0]
     E = jnp.zeros((len(cols), P), theta.dtype).at[jnp.arange(len(cols)), c].set(root_scale_m)
-    HE = jax.vmap(lambda v: jax.jvp(grad, (theta,), (v,))[1])(E)  # row j: H Λ^{1/2} e_{cols[j]}
+    hvp = lambda v: jax.jvp(grad, (theta,), (v,))[1]  # noqa: E731  (row j: H Λ^{1/2} e_{cols[j]})
+    HE = jax.vmap(hvp)(E) if hvps is None or hvps >= len(cols) else jax.lax.map(hvp, E, batch_size=hvps)
     S = HE[:, c] * root_scale_m[None, :]
     return 0.5 * (S + S.T)
 
 
 @eqx.filter_jit
-def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, shapes=None):
-    return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M, shapes))(thetas)
+def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, shapes=None, hvps=None):
+    return jax.vmap(lambda th: _sym_block(loss_fn, th, root_scale_m, cols, H, M, shapes, hvps))(thetas)
 
 
 def _map_blocks(
@@ -157,12 +177,16 @@ def _map_blocks(
     shape ``(batch, P)`` whatever the number of states (the last chunk is padded)."""
     n = thetas.shape[0]
     out = []
+    # the states of a batch are vmapped too: each gets its share of the HVPs' memory
+    hvps = None if has_table(loss_fn) else hvp_batch(loss_fn, thetas[0], cols, H, M, shapes,
+                                                      budget=HVP_MEMORY // batch)  # fmt: skip
     for i in range(0, n, batch):
         chunk = thetas[i : i + batch]
         m = chunk.shape[0]
         if m < batch:
             chunk = jnp.concatenate([chunk, jnp.repeat(chunk[-1:], batch - m, axis=0)])
-        out.append(np.asarray(jax.device_get(_blocks_jit(loss_fn, chunk, root_scale_m, cols, H, M, shapes)))[:m])
+        out.append(np.asarray(jax.device_get(_blocks_jit(loss_fn, chunk, root_scale_m, cols, H, M, shapes,
+                                                         None if hvps == len(cols) else hvps)))[:m])  # fmt: skip
     return np.concatenate(out)
 
 
