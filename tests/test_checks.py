@@ -394,10 +394,30 @@ def test_mutated_trajectory_fails_its_rows(checked_run):
     rep = check(_mutated(traj, stage1_time=2 / 3, a_shift=1.0, nan_loss=True), theory=theory, loss=loss)
     failed = {r.name for r in rep.failed}
     for prefix in ("trajectory finite", "I: slope of log(c_{1,2}/c_", "I: slopes of log", "I: Stage I duration",
-                   "III: a at end vs a°", "III: a at end vs a*"):  # fmt: skip
+                   "III: a at end vs a°", "III: a at end vs a*",
+                   "limit loss: L̂ at end vs L̂(θ_II, a°)"):  # fmt: skip
         assert any(n.startswith(prefix) for n in failed), (prefix, failed)
     assert rep.verdict["gflow"] == "fail" and not rep.passed
     assert rep.row("I: winner argmax c/Σc = S* (argmax Ĩ) at end of Stage I").passed is True
+
+
+def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
+    """The member's own Stage III law (F = −∂L̂(θ_II, a)/∂a by autodiff) decides its two rows for
+    a member the GIH law does not cover (residual, the issue's example: L = 30, N = 500): the
+    slope of a against log τ in the law's window equals the law's quadrature to 2 %, the end's loss
+    is the law's limit, both pass, and each fails its wrong answer."""
+    cfg = gflow.Config().replace(data={"L": 30, "parents": [2, 3]}, model={"member": "residual"},
+                                 estimator={"N": 500})  # fmt: skip
+    gflow.integrate(cfg, out=tmp_path)
+    rep = check_run(tmp_path, n_pi=N_PI)
+    slope = rep.row("III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), "
+                    "F = −∂L̂(θ_II, a)/∂a)")  # fmt: skip
+    lim = rep.row("limit loss: L̂ at end vs L̂(θ_II, a°) (the member's own Stage III law)")
+    for r in (slope, lim):
+        assert r.claim == "finite" and r.passed is True, (r.name, r.predicted, r.measured, r.tolerance)
+        assert r.decide(r.wrong) is False
+    assert abs(slope.measured / slope.predicted - 1) < 0.005  # measured: well inside the 2 %
+    assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
 
 
 @pytest.mark.slow

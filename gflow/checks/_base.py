@@ -65,7 +65,7 @@ def model_loss_per_seq(loss: PopulationLoss, w, C, a):
 
 
 @eqx.filter_jit
-def _model_force_grid(loss: PopulationLoss, w, C, a_grid):
+def model_force_grid(loss: PopulationLoss, w, C, a_grid):
     """``F(a) = −∂L̂/∂a`` (mean over sequences) at θ = (w, C, a) for every a of `a_grid`."""
     mean_loss = lambda aa: jnp.mean(loss.per_sequence(Params.assemble(w, C, aa)))
     return jax.lax.map(lambda aa: -jax.grad(mean_loss)(aa), a_grid)
@@ -89,13 +89,13 @@ def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spaci
     zero up to `a_max`)."""
     dt = loss.eps.dtype
     w, C = jax.tree.map(lambda v: jnp.asarray(v, dt), w), jnp.asarray(C, dt)
-    f = lambda x: float(_model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
+    f = lambda x: float(model_force_grid(loss, w, C, jnp.asarray([x], dt))[0])
     df = lambda x: float(model_dforce(loss, w, C, jnp.asarray(x, dt)))
     f0 = f(a_from)
     if f0 > 0:
         n = max(int(math.ceil((a_max - a_from) / spacing)), 1)
         grid = np.linspace(a_from, max(a_max, a_from + spacing), n + 1)
-        F = np.asarray(_model_force_grid(loss, w, C, jnp.asarray(grid, dt)), np.float64)
+        F = np.asarray(model_force_grid(loss, w, C, jnp.asarray(grid, dt)), np.float64)
         down = np.flatnonzero((F[:-1] > 0) & (F[1:] <= 0))
         if down.size == 0:
             return None

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import PLATEAU_EXIT, linear_fit, log_slope, power_exponent
+from ..core import member_of
 from ..theory import gih_dforce, gih_force, gih_force_per_seq
 from ._base import (
     EVENT_SLACK,
@@ -18,6 +19,7 @@ from ._base import (
     contrast,
     first_layer,
     model_dforce,
+    model_force_grid,
     model_force_per_seq,
     model_loss_per_seq,
     model_zero,
@@ -315,6 +317,94 @@ def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
                         wrong=moved_away(a_end, a0, 1.0), why_not=why))  # fmt: skip
 
 
+#: The member law's slope row: relative tolerance between the flow's slope and the law's on the
+#: same a's (the law's τ(a) by the trapezoid rule on a grid of spacing 0.01 inside the window,
+#: where 1/F varies by at most 2·e^{Δa}; measured 3·10⁻⁵ on the small run at L = 30, N = 500 and
+#: 5·10⁻⁵ on a residual run at parents (2, 3)).
+MEMBER_SLOPE_RTOL = 0.02
+
+
+def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
+    """Finite, for every member: staged Stage III moves only a, at the first layer and selector
+    Stage II left (θ_II), so its law is the member's own one-dimensional flow
+    ``da/dτ = η_a F(a)``, ``F(a) = −∂L̂(θ_II, a)/∂a`` on the run's sample, by automatic
+    differentiation (no closed form: the paper's GIH law is its limit for the paper's model with a
+    one-hot copier and c = e_S). Two rows:
+
+    - the window ``{a : F(a)e^a ≥ ½ max F e^a}`` (the interval around the maximum below a°), where
+      a(τ) follows ``log τ`` with a slope of order one, and the slope of a against ``log τ`` over
+      the saved times in it: the flow's against the law's, ``τ(a) = ∫_{a₀}^{a} da'/(η_a F(a'))``
+      at the same a's (quadrature, not the flow's solver); tolerance :data:`MEMBER_SLOPE_RTOL`
+      relative; wrong answer: the slope × 1.5;
+    - the limit loss: ``L̂`` at the end against ``L̂(θ_II, a°)``, the law's limit; tolerance the
+      a° row's solver budget carried through the loss (``|F(a_end)|·|a_end − a°| + 1e-12``), and
+      undecided when F > 0 on the grid (no finite limit) or Stage III has not settled; wrong
+      answer: the loss moved by half of ``L̂(θ_II, a₀) − L̂(θ_II, a°)``.
+
+    Skipped for the joint schedule (the law is the staged flow's) and for a member whose Stage III
+    moves more than a (the linear classifier's W)."""
+    name_s = "III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), F = −∂L̂(θ_II, a)/∂a)"
+    name_l = "limit loss: L̂ at end vs L̂(θ_II, a°) (the member's own Stage III law)"
+    if ctx.joint:
+        for n in (name_s, name_l):
+            ctx.skip(n, "joint schedule: w and C move with a, the law is the staged flow's")
+        return
+    if tuple(member_of(ctx.cfg.model).stage_moves["III"]) != ("a",):
+        for n in (name_s, name_l):
+            ctx.skip(n, f"model.member = {ctx.cfg.model.member!r}: its Stage III moves "
+                        f"{member_of(ctx.cfg.model).stage_moves['III']}, not a alone")  # fmt: skip
+        return
+    tr, dt = ctx.traj, ctx.loss.eps.dtype
+    w, C = first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt)
+    top = float(a0) if a0 is not None else float(d.law.a_grid[-1])
+    lo_a = min(d.a_start, top)
+    grid = np.linspace(lo_a, top, max(int(math.ceil((top - lo_a) / 0.01)), 1) + 1)
+    F = np.asarray(model_force_grid(ctx.loss, w, C, jnp.asarray(grid, dt)), np.float64)
+    Fe = F * np.exp(grid)
+    if not np.any(F > 0) or grid.size < 3:
+        ctx.info(name_s, "—", None, "the frozen force is not positive above a's start: no log τ regime", "finite")
+    else:
+        k = int(np.argmax(Fe))
+        ok = Fe >= 0.5 * Fe[k]
+        i0, i1 = k, k
+        while i0 > 0 and ok[i0 - 1]:
+            i0 -= 1
+        while i1 < grid.size - 1 and ok[i1 + 1]:
+            i1 += 1
+        win = (float(grid[i0]), float(grid[i1]))
+        # τ(a) of the law: the trapezoid rule on 1/(η_a F) from a's start
+        inv = np.where(F > 0, 1.0 / (d.eta_a * np.where(F > 0, F, 1.0)), np.inf)
+        tau_law = np.concatenate([[0.0], np.cumsum(0.5 * (inv[1:] + inv[:-1]) * np.diff(grid))])
+        fit = (d.a >= win[0]) & (d.a <= win[1]) & (d.tau > 0) & (d.a > lo_a)
+        if fit.sum() < 3:
+            ctx.info(name_s, "—", None, f"{int(fit.sum())} saved times with a in the window "
+                                         f"[{win[0]:.3g}, {win[1]:.3g}]", "finite")  # fmt: skip
+        else:
+            a_pts = d.a[fit]
+            slope = linear_fit(np.log(d.tau[fit]), a_pts)[0]
+            pred = linear_fit(np.log(np.interp(a_pts, grid, tau_law)), a_pts)[0]
+            tol = MEMBER_SLOPE_RTOL * abs(pred)
+            ctx.add(decided_row(name_s, pred, slope, f"{MEMBER_SLOPE_RTOL:g} relative ({int(fit.sum())} pts, window "
+                                f"a ∈ [{win[0]:.3g}, {win[1]:.3g}])", claim="finite",
+                                rule=("abs", pred, tol), wrong=1.5 * slope))  # fmt: skip
+    if a0 is None:
+        ctx.info(name_l, "—", float(tr.loss[d.end]), "F > 0 on the whole grid: no finite limit a°", "finite")
+        return
+    L_end = float(np.mean(np.asarray(model_loss_per_seq(ctx.loss, w, C, jnp.asarray(tr.a[d.end], dt)))))
+    L_lim = float(np.mean(np.asarray(model_loss_per_seq(ctx.loss, w, C, jnp.asarray(a0, dt)))))
+    L_0 = float(np.mean(np.asarray(model_loss_per_seq(ctx.loss, w, C, jnp.asarray(d.a_start, dt)))))
+    a_end = float(tr.a[d.end])
+    tol = abs(float(d.force[-1])) * abs(a_end - a0) + 1e-12
+    rec = ctx.stage("III")
+    settled = rec is not None and rec.complete and rec.ended_by in ("steady", "event", "duration")
+    slope = abs(float(model_dforce(ctx.loss, w, C, jnp.asarray(a0, dt))))
+    left = abs(float(d.force[-1])) / slope if slope > 0 else math.inf
+    why = None if settled and left <= 1e-3 * max(1.0, abs(a0)) else \
+        f"Stage III not settled: |F(a_end)|/|F'(a°)| = {left:.3g}"  # fmt: skip
+    ctx.add(decided_row(name_l, L_lim, L_end, tol, claim="finite", rule=("abs", L_lim, tol),
+                        wrong=moved_away(L_end, L_lim, 0.5 * abs(L_0 - L_lim)), why_not=why))  # fmt: skip
+
+
 def _row_a_end(ctx: Ctx, d: _S3, a0: float | None, a0_S: float | None) -> bool:
     """Finite: ``a(τ_end)`` against the selected set's ``a*``. Tolerance
     ``a*|1/λ_w − 1| + ρ_a + k_se`` paired SE of the zero (delta method):
@@ -435,6 +525,7 @@ def rows_stage3(ctx: Ctx) -> None:
     _row_force(ctx, d)
     a0, a0_S = _frozen_zeros(ctx, d)
     _row_a_zero(ctx, d, a0)
+    _rows_member_law(ctx, d, a0)
     too_short = _row_a_end(ctx, d, a0, a0_S)
     _row_limit_loss(ctx, d, too_short)
     _row_S_star_beside(ctx, S)
