@@ -355,6 +355,7 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
                         f"{member_of(ctx.cfg.model).stage_moves['III']}, not a alone")  # fmt: skip
         return
     tr, dt = ctx.traj, ctx.loss.eps.dtype
+    gd_why = "discrete steps (GD, SGD, the SDE) follow the flow's law only to their step size" if ctx.gd else None
     w, C = first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt)
     top = float(a0) if a0 is not None else float(d.law.a_grid[-1])
     lo_a = min(d.a_start, top)
@@ -386,7 +387,7 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
             tol = MEMBER_SLOPE_RTOL * abs(pred)
             ctx.add(decided_row(name_s, pred, slope, f"{MEMBER_SLOPE_RTOL:g} relative ({int(fit.sum())} pts, window "
                                 f"a ∈ [{win[0]:.3g}, {win[1]:.3g}])", claim="finite",
-                                rule=("abs", pred, tol), wrong=1.5 * slope))  # fmt: skip
+                                rule=("abs", pred, tol), wrong=1.5 * slope, why_not=gd_why))  # fmt: skip
     if a0 is None:
         ctx.info(name_l, "—", float(tr.loss[d.end]), "F > 0 on the whole grid: no finite limit a°", "finite")
         return
@@ -399,8 +400,8 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
     settled = rec is not None and rec.complete and rec.ended_by in ("steady", "event", "duration")
     slope = abs(float(model_dforce(ctx.loss, w, C, jnp.asarray(a0, dt))))
     left = abs(float(d.force[-1])) / slope if slope > 0 else math.inf
-    why = None if settled and left <= 1e-3 * max(1.0, abs(a0)) else \
-        f"Stage III not settled: |F(a_end)|/|F'(a°)| = {left:.3g}"  # fmt: skip
+    why = gd_why or (None if settled and left <= 1e-3 * max(1.0, abs(a0)) else
+                     f"Stage III not settled: |F(a_end)|/|F'(a°)| = {left:.3g}")  # fmt: skip
     ctx.add(decided_row(name_l, L_lim, L_end, tol, claim="finite", rule=("abs", L_lim, tol),
                         wrong=moved_away(L_end, L_lim, 0.5 * abs(L_0 - L_lim)), why_not=why))  # fmt: skip
 
