@@ -318,10 +318,12 @@ def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
 
 
 #: The member law's slope row: relative tolerance between the flow's slope and the law's on the
-#: same a's (the law's τ(a) by the trapezoid rule on a grid of spacing 0.01 inside the window,
-#: where 1/F varies by at most 2·e^{Δa}; measured 3·10⁻⁵ on the small run at L = 30, N = 500 and
-#: 5·10⁻⁵ on a residual run at parents (2, 3)).
+#: same a's (the law's τ(a) by the trapezoid rule on :data:`MEMBER_GRID` points from a's start to
+#: a°, spacing at most 0.03 on the theory's grid [0, 30]; inside the window 1/F varies by at most
+#: 2·e^{Δa}; measured 5·10⁻⁶ on the small run at L = 30, N = 500 and on a residual run at
+#: parents (2, 3)).
 MEMBER_SLOPE_RTOL = 0.02
+MEMBER_GRID = 1001
 
 
 def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
@@ -359,7 +361,7 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
     w, C = first_layer(tr, d.end, dt), jnp.asarray(tr.C[d.end], dt)
     top = float(a0) if a0 is not None else float(d.law.a_grid[-1])
     lo_a = min(d.a_start, top)
-    grid = np.linspace(lo_a, top, max(int(math.ceil((top - lo_a) / 0.01)), 1) + 1)
+    grid = np.linspace(lo_a, top, MEMBER_GRID)  # one shape for every run: one compiled force grid
     F = np.asarray(model_force_grid(ctx.loss, w, C, jnp.asarray(grid, dt)), np.float64)
     Fe = F * np.exp(grid)
     if not np.any(F > 0) or grid.size < 3:
