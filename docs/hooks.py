@@ -450,11 +450,13 @@ def fill_markers(markdown: str) -> str:
     ``<!-- gflow:NAME -->`` and ``<!-- /gflow:NAME -->`` (or after a marker without its end,
     which gains one) is what :data:`_MARKERS`' function for ``NAME`` makes now."""
     for marker, make in _MARKERS.items():
+        if marker not in markdown:
+            continue
         end = marker.replace("<!-- gflow:", "<!-- /gflow:")
-        pattern = re.compile(re.escape(marker) + r"(?:\n.*?\n" + re.escape(end) + r"|(?!\n.*?" + re.escape(end) + "))", re.S)
-        if pattern.search(markdown):
-            body = make().strip("\n")
-            markdown = pattern.sub(lambda m: f"{marker}\n{body}\n{end}", markdown, count=1)
+        head, _, rest = markdown.partition(marker)
+        tail = rest.partition(end)[2] if end in rest else rest  # the old section goes, the text after stays
+        body = make().strip("\n")
+        markdown = f"{head}{marker}\n{body}\n{end}{tail}"
     return markdown
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .._util import PLATEAU_EXIT, linear_fit, log_slope, power_exponent
 from ..core import member_of
-from ..theory import gih_dforce, gih_force, gih_force_per_seq
+from ..theory import LawCurve, gih_dforce, gih_force, gih_force_per_seq
 from ._base import (
     EVENT_SLACK,
     Ctx,
@@ -318,10 +318,10 @@ def _row_a_zero(ctx: Ctx, d: _S3, a0: float | None) -> None:
 
 
 #: The member law's slope row: relative tolerance between the flow's slope and the law's on the
-#: same a's (the law's τ(a) by the trapezoid rule on :data:`MEMBER_GRID` points from a's start to
-#: a°, spacing at most 0.03 on the theory's grid [0, 30]; inside the window 1/F varies by at most
-#: 2·e^{Δa}; measured 5·10⁻⁶ on the small run at L = 30, N = 500 and on a residual run at
-#: parents (2, 3)).
+#: same a's (the law's τ(a) by :class:`~gflow.theory.LawCurve`'s quadrature of F tabulated on
+#: :data:`MEMBER_GRID` points from a's start to a°, spacing at most 0.03 on the theory's grid
+#: [0, 30]; measured 1.5·10⁻⁸ on the small run at L = 30, N = 500 and 8·10⁻⁹ on a residual run
+#: at parents (2, 3)).
 MEMBER_SLOPE_RTOL = 0.02
 MEMBER_GRID = 1001
 
@@ -351,10 +351,10 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
         for n in (name_s, name_l):
             ctx.skip(n, "joint schedule: w and C move with a, the law is the staged flow's")
         return
-    if tuple(member_of(ctx.cfg.model).stage_moves["III"]) != ("a",):
+    moves = tuple(member_of(ctx.cfg.model).stage_moves["III"])
+    if moves != ("a",):
         for n in (name_s, name_l):
-            ctx.skip(n, f"model.member = {ctx.cfg.model.member!r}: its Stage III moves "
-                        f"{member_of(ctx.cfg.model).stage_moves['III']}, not a alone")  # fmt: skip
+            ctx.skip(n, f"model.member = {ctx.cfg.model.member!r}: its Stage III moves {moves}, not a alone")
         return
     tr, dt = ctx.traj, ctx.loss.eps.dtype
     gd_why = "discrete steps (GD, SGD, the SDE) follow the flow's law only to their step size" if ctx.gd else None
@@ -364,7 +364,7 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
     grid = np.linspace(lo_a, top, MEMBER_GRID)  # one shape for every run: one compiled force grid
     F = np.asarray(model_force_grid(ctx.loss, w, C, jnp.asarray(grid, dt)), np.float64)
     Fe = F * np.exp(grid)
-    if not np.any(F > 0) or grid.size < 3:
+    if not np.any(F > 0):
         ctx.info(name_s, "—", None, "the frozen force is not positive above a's start: no log τ regime", "finite")
     else:
         k = int(np.argmax(Fe))
@@ -375,9 +375,6 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
         while i1 < grid.size - 1 and ok[i1 + 1]:
             i1 += 1
         win = (float(grid[i0]), float(grid[i1]))
-        # τ(a) of the law: the trapezoid rule on 1/(η_a F) from a's start
-        inv = np.where(F > 0, 1.0 / (d.eta_a * np.where(F > 0, F, 1.0)), np.inf)
-        tau_law = np.concatenate([[0.0], np.cumsum(0.5 * (inv[1:] + inv[:-1]) * np.diff(grid))])
         fit = (d.a >= win[0]) & (d.a <= win[1]) & (d.tau > 0) & (d.a > lo_a)
         if fit.sum() < 3:
             ctx.info(name_s, "—", None, f"{int(fit.sum())} saved times with a in the window "
@@ -385,7 +382,8 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
         else:
             a_pts = d.a[fit]
             slope = linear_fit(np.log(d.tau[fit]), a_pts)[0]
-            pred = linear_fit(np.log(np.interp(a_pts, grid, tau_law)), a_pts)[0]
+            tau_law = LawCurve(grid, F, Fe, d.a_start, d.eta_a).tau_to(a_pts)  # ∫ da/(η_a F) from a's start
+            pred = linear_fit(np.log(tau_law), a_pts)[0]
             tol = MEMBER_SLOPE_RTOL * abs(pred)
             ctx.add(decided_row(name_s, pred, slope, f"{MEMBER_SLOPE_RTOL:g} relative ({int(fit.sum())} pts, window "
                                 f"a ∈ [{win[0]:.3g}, {win[1]:.3g}])", claim="finite",

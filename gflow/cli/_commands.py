@@ -125,12 +125,12 @@ def with_params(cfg, params: list[str]):
     a ``ValueError`` naming the field and ``gflow sweep``)."""
     from ..runs import parse_param, sweep_points
 
-    for spec in params:
-        field, vals = parse_param(spec)
+    pairs = [parse_param(spec) for spec in params]
+    for spec, (field, vals) in zip(params, pairs):
         if len(vals) != 1:
             raise ValueError(f"--param {spec!r}: gflow run takes one value for {field!r}, got {len(vals)} "
                              "(several values are a grid: gflow sweep, gflow phase)")  # fmt: skip
-    ((_, cfg),) = sweep_points(cfg, params)
+    ((_, cfg),) = sweep_points(cfg, pairs)
     return cfg
 
 

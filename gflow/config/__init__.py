@@ -34,7 +34,6 @@ from ._load import load_config as load_config
 from ._load import refuse_sgd as refuse_sgd
 from ._load import warnings_for as warnings_for
 from ._sections import KEY_TYPES as KEY_TYPES
-from ._sections import did_you_mean as did_you_mean
 from ._sections import METHODS as METHODS
 from ._sections import SECTIONS as SECTIONS
 from ._sections import STOCHASTIC_METHODS as STOCHASTIC_METHODS
@@ -45,6 +44,7 @@ from ._sections import SDESection as SDESection
 from ._sections import SGDSection as SGDSection
 from ._sections import SolverConfig as SolverConfig
 from ._sections import check_sgd_sampling as check_sgd_sampling
+from ._sections import did_you_mean as did_you_mean
 from ._sections import from_dict as from_dict
 
 # the names this module had before it became a package (tests and notebooks read them)

@@ -385,12 +385,7 @@ class Config(eqx.Module):
         """A copy with some fields changed: ``cfg.replace(data={"L": 40})``."""
         d = self.to_dict()
         for sec, vals in sections.items():
-            if sec not in d:
-                raise ValueError(f"unknown config section {sec!r}{did_you_mean(sec, d)}; allowed: {sorted(d)}")
-            for k in vals:  # before the update: the suggestion looks among the keys not given
-                if k not in d[sec]:
-                    raise ValueError(f"unknown config key {sec}.{k}{did_you_mean(k, d[sec], sec, vals)}; "
-                                     f"allowed keys of [{sec}]: {list(d[sec])}")  # fmt: skip
+            check_names(sec, vals)  # before the update: the suggestion looks among the keys not given
             d[sec].update(vals)
         return from_dict(d)
 
@@ -596,6 +591,19 @@ def did_you_mean(name: str, allowed, section: str | None = None, given=()) -> st
     return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
 
 
+def check_names(sec: str, vals) -> None:
+    """A ``ValueError`` for an unknown section `sec`, or (`vals` a table) an unknown key of it,
+    naming it with the closest allowed names (:func:`did_you_mean`, among the keys not given)."""
+    if sec not in SECTIONS:
+        raise ValueError(f"unknown config section {sec!r}{did_you_mean(sec, SECTIONS)}; allowed: {sorted(SECTIONS)}")
+    if isinstance(vals, dict):
+        allowed = [f.name for f in dataclasses.fields(SECTIONS[sec])]
+        for k in vals:
+            if k not in allowed:
+                raise ValueError(f"unknown config key {sec}.{k}{did_you_mean(k, allowed, sec, vals)}; "
+                                 f"allowed keys of [{sec}]: {allowed}")  # fmt: skip
+
+
 def from_dict(d: dict[str, Any]) -> Config:
     """Build a :class:`Config` from nested dictionaries; unknown sections or
     keys, and values of the wrong type (:data:`KEY_TYPES`), raise
@@ -604,16 +612,10 @@ def from_dict(d: dict[str, Any]) -> Config:
         raise ValueError(f"a configuration must be a table of sections, got {type(d).__name__}")
     kwargs = {}
     for sec, vals in d.items():
-        if sec not in SECTIONS:
-            raise ValueError(f"unknown config section {sec!r}{did_you_mean(sec, SECTIONS)}; allowed: {sorted(SECTIONS)}")
+        check_names(sec, vals)
         if not isinstance(vals, dict):
             raise ValueError(f"config section {sec!r} must be a table of keys, got {vals!r}")
         cls = SECTIONS[sec]
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        for k in vals:
-            if k not in allowed:
-                raise ValueError(f"unknown config key {sec}.{k}{did_you_mean(k, allowed, sec, vals)}; "
-                                 f"allowed keys of [{sec}]: {allowed}")  # fmt: skip
         vals = {k: check_type(sec, k, v) for k, v in vals.items()}
         try:
             kwargs[sec] = cls(**vals)

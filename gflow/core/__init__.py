@@ -19,9 +19,6 @@ from ._data import sample as sample
 from ._data import sample_fast_time_major as sample_fast_time_major
 from ._data import sample_from_chain as sample_from_chain
 from ._data import sample_kernels as sample_kernels
-from ._priors import PRIORS as PRIORS
-from ._priors import AbstractPrior as AbstractPrior
-from ._priors import prior_of as prior_of
 from ._data import stationary_window as stationary_window
 from ._data import window_law as window_law
 from ._family import AbstractModel as AbstractModel
@@ -70,6 +67,9 @@ from ._ops import sequence_loss as sequence_loss
 from ._paper import sparse_window_blocks as sparse_window_blocks
 from ._paper import window_code_count as window_code_count
 from ._paper import window_weights as window_weights
+from ._priors import PRIORS as PRIORS
+from ._priors import AbstractPrior as AbstractPrior
+from ._priors import prior_of as prior_of
 from ._registry import MEMBERS as MEMBERS
 from ._second import grad_hvp as grad_hvp
 from ._second import has_table as has_table

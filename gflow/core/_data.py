@@ -101,7 +101,7 @@ class DataConfig(eqx.Module):
             raise ValueError(f"data.kind must be one of {_KINDS}, got {self.kind!r}")
         if self.prior not in PRIORS:
             raise ValueError(f"data.prior must be one of {tuple(PRIORS)}, got {self.prior!r}")
-        why = None if self.kernel is not None else PRIORS[self.prior]().refusal(p, self.alpha)
+        why = None if self.kernel is not None else prior_of(self).refusal(p, self.alpha)
         if why is not None:
             raise ValueError(why)
         if self.kernel is not None:

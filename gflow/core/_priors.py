@@ -42,6 +42,7 @@ class AbstractPrior(eqx.Module):
     offsets its Bayes predictive conditions on."""
 
     name: ClassVar[str]
+    label: ClassVar[str]  # what the theory's text calls it: "{label}(alpha=…)"
 
     @abc.abstractmethod
     def kernels(self, dirichlet, shape: tuple[int, int, int]):
@@ -68,6 +69,7 @@ class DirichletPrior(AbstractPrior):
     """Independent ``Dirichlet(α·1_d)`` rows (the paper's prior)."""
 
     name: ClassVar[str] = "dirichlet"
+    label: ClassVar[str] = "Dirichlet"
 
     def kernels(self, dirichlet, shape):
         return dirichlet(shape)
@@ -90,6 +92,7 @@ class DoublyStochasticPrior(AbstractPrior):
     (one parent: ``K = d``)."""
 
     name: ClassVar[str] = "doubly_stochastic"
+    label: ClassVar[str] = "doubly stochastic Dirichlet"
 
     def kernels(self, dirichlet, shape):
         return sinkhorn(dirichlet(shape))
@@ -118,6 +121,7 @@ class UnigramPrior(AbstractPrior):
     """One row ``ρ ~ Dirichlet(α·1_d)`` shared by every parent configuration."""
 
     name: ClassVar[str] = "unigram"
+    label: ClassVar[str] = "unigram Dirichlet"
 
     def kernels(self, dirichlet, shape):
         N, K, d = shape

@@ -134,15 +134,22 @@ def step_scales(cfg: Config, stage: str) -> np.ndarray:
 HVP_MEMORY = 4 * 2**30
 
 
-def hvp_batch(loss_fn, theta, cols, H: int, M: int, shapes=None, *, budget: int = HVP_MEMORY) -> int:
-    """How many of the ``len(cols)`` Hessian-vector products of one state to vmap at once: the
-    temporary memory XLA's memory analysis reports for one compiled HVP at `theta`, into `budget`
-    bytes (at least 1; all of them when they fit, today's single vmap)."""
+def hvp_bytes(loss_fn, theta, H: int, M: int, shapes=None) -> int:
+    """The temporary memory XLA's memory analysis reports for one compiled Hessian-vector product
+    at a θ of `theta`'s shape (it does not depend on the direction, nor on which coordinates move)."""
     like = None if shapes is None else _like(shapes)
     f = lambda x: loss_fn(unflatten(x, H, M, like=like))  # noqa: E731
     one = jax.jit(lambda th, v: jax.jvp(jax.grad(f), (th,), (v,))[1])
-    per = one.lower(theta, theta).compile().memory_analysis().temp_size_in_bytes
-    return int(max(1, min(len(cols), int(budget) // max(int(per), 1))))
+    return max(int(one.lower(theta, theta).compile().memory_analysis().temp_size_in_bytes), 1)
+
+
+def hvp_batch(loss_fn, theta, cols, H: int, M: int, shapes=None, *, budget: int = HVP_MEMORY,
+              per_hvp: int | None = None) -> int:  # fmt: skip
+    """How many of the ``len(cols)`` Hessian-vector products of one state to vmap at once: `budget`
+    bytes over one product's (:func:`hvp_bytes`, measured unless `per_hvp` gives it), at least 1;
+    all of them when they fit, the single vmap."""
+    per = hvp_bytes(loss_fn, theta, H, M, shapes) if per_hvp is None else int(per_hvp)
+    return int(max(1, min(len(cols), int(budget) // per)))
 
 
 def _sym_block(loss_fn, theta, root_scale_m, cols, H, M, shapes=None, hvps: int | None = None):
@@ -171,15 +178,17 @@ def _blocks_jit(loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M:
 
 
 def _map_blocks(
-    loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int, shapes=None
+    loss_fn, thetas, root_scale_m, cols: tuple[int, ...], H: int, M: int, batch: int, shapes=None,
+    per_hvp: int | None = None,
 ) -> np.ndarray:
     """:func:`_sym_block` of every flat θ in `thetas`, `batch` at a time: one compiled
-    shape ``(batch, P)`` whatever the number of states (the last chunk is padded)."""
+    shape ``(batch, P)`` whatever the number of states (the last chunk is padded). `per_hvp`: one
+    Hessian-vector product's memory (:func:`hvp_bytes`), measured here when not given."""
     n = thetas.shape[0]
     out = []
     # the states of a batch are vmapped too: each gets its share of the HVPs' memory
     hvps = None if has_table(loss_fn) else hvp_batch(loss_fn, thetas[0], cols, H, M, shapes,
-                                                      budget=HVP_MEMORY // batch)  # fmt: skip
+                                                      budget=HVP_MEMORY // batch, per_hvp=per_hvp)  # fmt: skip
     for i in range(0, n, batch):
         chunk = thetas[i : i + batch]
         m = chunk.shape[0]
@@ -426,6 +435,10 @@ def hessian_spectrum(
     eig = np.zeros((len(rows), nR, P))
     vec = np.zeros((len(rows), nR, vectors, P)) if vectors else None
     flat = flat.reshape(len(rows), nR, P)
+    # one HVP's memory, measured once for every Λ below (the loss and θ's shape are theirs)
+    per_hvp = None
+    if len(rows) and not has_table(loss):
+        per_hvp = hvp_bytes(loss, jnp.asarray(flat[0, 0], dtype), H, M, shapes if extra else None)
     # one compiled program per distinct Λ (the stages of a staged run)
     for key in {tuple(s) for s in scales}:
         s = np.asarray(key)
@@ -435,7 +448,8 @@ def hessian_spectrum(
             continue
         rs = jnp.asarray(np.sqrt(s[list(cols)]), dtype)
         th = jnp.asarray(flat[sel].reshape(-1, P), dtype)
-        blocks = np.asarray(_map_blocks(loss, th, rs, cols, H, M, batch, shapes if extra else None), np.float64)
+        blocks = np.asarray(_map_blocks(loss, th, rs, cols, H, M, batch, shapes if extra else None, per_hvp),
+                            np.float64)  # fmt: skip
         lam, U = np.linalg.eigh(blocks)  # ascending
         full = np.zeros((len(th), P))
         full[:, : len(cols)] = lam[:, ::-1]

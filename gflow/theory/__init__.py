@@ -21,6 +21,7 @@ from ._ladder import RUNGS as RUNGS
 from ._ladder import Ladder as Ladder
 from ._ladder import format_ladder as format_ladder
 from ._ladder import loss_ladder as loss_ladder
+from ._lawcurve import LawCurve as LawCurve
 from ._laws import copier_vertex_gradient as copier_vertex_gradient
 from ._laws import gih_tail as gih_tail
 from ._laws import predict_selection as predict_selection

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import subset_label
+from ..core import PRIORS, subset_label
 from ._ladder import format_ladder
 
 
@@ -28,9 +28,7 @@ def format_theory(theory) -> str:
     labels = report["labels"]
     out = []
     fixed = dc.get("fixed_kernel") or dc.get("kernel") is not None
-    kind = {"dirichlet": "Dirichlet", "doubly_stochastic": "doubly stochastic Dirichlet",
-            "unigram": "unigram Dirichlet"}.get(dc.get("prior", "dirichlet"), dc.get("prior"))  # fmt: skip
-    prior = "fixed kernel" if fixed else f"{kind}(alpha={dc['alpha']:g})"
+    prior = "fixed kernel" if fixed else f"{PRIORS[dc.get('prior', 'dirichlet')].label}(alpha={dc['alpha']:g})"
     out.append(
         f"gflow theory — d={dc['d']}, parents {tuple(dc['parents'])}, {prior}, L={dc['L']}; "
         f"TF(M={mc['M']}, H={mc['H']}, D={mc['D']}, norm={mc['norm']}); "
