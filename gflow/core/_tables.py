@@ -282,7 +282,8 @@ class AbstractWindowModel(AbstractModel):
         """The paper's choice (counts up to 512 windows, then sparse, then positions). A κ table
         that also reads the key's own token (the token and Full members) is d times larger: the
         sparse layout while that table has at most 2**20 entries (``d·sparse_table_size``), else the
-        vectors layout. Measured (``scripts/benchmarks/bench_members.py``, N = 10⁴, one gradient):
+        vectors layout. Measured (``scripts/benchmarks/bench_members.py [--d 2] [--L 40] [--stats]``,
+        N = 10⁴, one gradient):
         the Full model at d = 3, L = 100 in 108 ms sparse against 881 vectors and 755 counts, at
         d = 2 in 28 against 304 (vectors), at d = 3, L = 40 in 126 against 635; the token member
         in 17 against 42 (counts). The per-sequence statistics of a saved time cost more in sparse

@@ -9,7 +9,7 @@ model; absolute positions (positions layout only) stated.
 
 Usage::
 
-    python3 scripts/benchmarks/bench_members.py [--reps 20] [--N 10000] [--members token,full]
+    python3 scripts/benchmarks/bench_members.py [--reps 20] [--N 10000] [--members token,full] [--d 3] [--L 100] [--stats]
 """
 
 from __future__ import annotations
@@ -52,19 +52,21 @@ def main() -> None:
     ap.add_argument("--N", type=int, default=10_000)
     ap.add_argument("--members", default=",".join(MEMBERS))
     ap.add_argument("--stats", action="store_true", help="also time the statistics at one saved time")
+    ap.add_argument("--d", type=int, default=3, help="vocabulary size (default 3)")
+    ap.add_argument("--L", type=int, default=100, help="context length (default 100)")
     args = ap.parse_args()
     grad = eqx.filter_jit(lambda loss, p: loss.value_and_grad(p))
     stats = eqx.filter_jit(lambda loss, p: loss.stats(p))
     cases = []
     for name in args.members.split(","):
         model = ModelConfig(member=name)
-        data, est = DataConfig(L=100), EstimatorConfig(N=args.N)
+        data, est = DataConfig(d=args.d, L=args.L), EstimatorConfig(N=args.N)
         for layout in member_of(model).layouts:
             if layout == "heads":
                 continue
             cases.append((name, layout, data, model, est.__class__(N=args.N, layout=layout)))
         if name == "full":
-            cases.append(("full (official setting)", "auto", DataConfig(L=100, start="uniform"), model,
+            cases.append(("full (official setting)", "auto", DataConfig(d=args.d, L=args.L, start="uniform"), model,
                           EstimatorConfig(N=9000, loss="ce_on_probs", target="drawn")))  # fmt: skip
     print(f"gflow {gflow.__version__}, jax {jax.__version__}, {jax.device_count()} device(s); "
           f"median of {args.reps} calls after the first (the compile)")  # fmt: skip
