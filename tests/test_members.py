@@ -71,7 +71,7 @@ def _theta(model: ModelConfig, d: int = 3, L: int = 12, seed: int = 1) -> Params
 
 def test_registry_names_every_member_and_members_declare_their_blocks():
     assert tuple(MEMBERS) == ("paper", "token", "value", "full", "absolute", "residual", "linear_query",
-                              "linear_output", "bilinear")  # fmt: skip
+                              "linear_output", "bilinear", "nichani")  # fmt: skip
     for key in MEMBER_OPTIONS:
         model = _model(key)
         m = member_of(model)

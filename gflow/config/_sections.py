@@ -467,6 +467,9 @@ KEY_TYPES: dict[str, KeyType] = {
     "data.kernel": _MATRIX,
     "data.kind": _STR,
     "data.prior": _STR,
+    "data.graph": KeyType("a graph name or a list of integers", lambda v: isinstance(v, str) or (
+        isinstance(v, (list, tuple)) and all(is_int(x) for x in v))),
+    "data.graph_seed": _INT,
     "model.M": _INT,
     "model.H": _INT,
     "model.D": _INT,

@@ -31,6 +31,10 @@ from ._features import VectorFeatures as VectorFeatures
 from ._features import count_features_flat as count_features_flat
 from ._features import features as features
 from ._features import features_time_major as features_time_major
+from ._kinds import KINDS as KINDS
+from ._kinds import AbstractDataKind as AbstractDataKind
+from ._kinds import graph_parents as graph_parents
+from ._kinds import kind_of as kind_of
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
 from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats

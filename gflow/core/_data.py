@@ -28,10 +28,20 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from .._util import rng_normal, rng_uniform
+from ._kinds import KINDS, kind_of
 from ._priors import PRIORS, prior_of
+from ._stationary import stationary_distribution
 
 _STARTS = ("stationary", "uniform")
-_KINDS = ("ngram",)
+
+
+def _as_graph(g):
+    if isinstance(g, str):
+        return g
+    try:
+        return tuple(int(x) for x in g)
+    except TypeError:
+        return g
 
 
 def _as_parents(p) -> tuple[int, ...]:
@@ -59,7 +69,13 @@ class DataConfig(eqx.Module):
     - `kernel`: optional fixed kernel (extension: a point-mass prior), shape
       ``(d**k, d)`` or ``(d,)*k + (d,)``, rows non-negative summing to one.
       When given, ``alpha`` and ``prior`` are unused.
-    - `kind`: the data family's member: ``"ngram"`` (this mixture; the only kind so far).
+    - `kind`: the data family's member (:mod:`gflow.core._kinds`): ``"ngram"`` (this mixture, the
+      default) or ``"graph"`` (extension, Nichani et al.'s in-context causal graph: positions
+      ``1..L−1`` follow the graph ``data.graph``, the query ``x_L`` is uniform and the target is
+      ``x_{L+1} ~ π(·|x_L)``; ``data.parents = [1]``).
+    - `graph`: (graph) ``"chain"``, ``"icl"``, ``"random"`` or an explicit list of ``L − 1``
+      parent positions (entry ``i − 1`` is ``p(i) < i``, 0 for a root).
+    - `graph_seed`: (graph) the seed of ``graph = "random"``.
     - `prior`: the kernels' prior (:mod:`gflow.core._priors`): ``"dirichlet"`` (the paper's,
       independent ``Dirichlet(α·1_d)`` rows), ``"doubly_stochastic"`` (extension, Edelman et al.:
       Dirichlet rows balanced by Sinkhorn's iteration, uniform stationary law; one parent only) or
@@ -78,6 +94,8 @@ class DataConfig(eqx.Module):
     )
     kind: Literal["ngram"] = eqx.field(static=True, default="ngram")
     prior: Literal["dirichlet", "doubly_stochastic", "unigram"] = eqx.field(static=True, default="dirichlet")
+    graph: str | tuple[int, ...] = eqx.field(static=True, default="chain", converter=_as_graph)
+    graph_seed: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
         if not isinstance(self.d, (int, np.integer)) or self.d < 2:
@@ -97,8 +115,10 @@ class DataConfig(eqx.Module):
             raise ValueError(f"data.start must be one of {_STARTS}, got {self.start!r}")
         if not isinstance(self.burn_in, (int, np.integer)) or self.burn_in < 0:
             raise ValueError(f"data.burn_in must be an integer >= 0, got {self.burn_in!r}")
-        if self.kind not in _KINDS:
-            raise ValueError(f"data.kind must be one of {_KINDS}, got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"data.kind must be one of {tuple(KINDS)}, got {self.kind!r}")
+        kind_of(self).check_options(self)
+        kind_of(self).check(self)
         if self.prior not in PRIORS:
             raise ValueError(f"data.prior must be one of {tuple(PRIORS)}, got {self.prior!r}")
         why = None if self.kernel is not None else prior_of(self).refusal(p, self.alpha)
@@ -193,60 +213,6 @@ def window_transition(pi: Float[Array, "K d"], cfg: DataConfig) -> Float[Array, 
     return T
 
 
-def stationary_distribution(P: Float[Array, "S S"]) -> Float[Array, " S"]:
-    """Stationary law ``μ P = μ`` of a row-stochastic matrix by the
-    Grassmann–Taksar–Heyman (GTH) state reduction.
-
-    GTH uses no subtractions, so it stays accurate to rounding even for nearly
-    reducible chains (a ``Dirichlet(0.1)`` kernel often has entries of
-    ``1e-10`` and below, where ``solve(I - P^T)`` loses most digits).
-    Requires the chain to have a single recurrent class reachable from every
-    state (true whenever ``π > 0``). Where rounding has made ``π`` reducible
-    (exact 0s and 1s) and GTH would divide by 0, the limit of the chain from
-    the uniform law is returned instead (:func:`_limit_law`).
-    """
-    n = P.shape[0]
-    idx = jnp.arange(n)
-
-    def reduce(i, A):
-        k = n - 1 - i  # eliminate state k (n-1 down to 1)
-        below = idx < k
-        s = jnp.sum(jnp.where(below, A[k, :], 0.0))
-        col = jnp.where(below, A[:, k] / s, 0.0)
-        row = jnp.where(below, A[k, :], 0.0)
-        A = A + jnp.outer(col, row) * (below[:, None] & below[None, :])
-        A = A.at[:, k].set(jnp.where(below, col, A[:, k]))
-        return A
-
-    A = jax.lax.fori_loop(0, n - 1, reduce, P)
-
-    def back(k, mu):
-        val = jnp.sum(jnp.where(idx < k, mu * A[:, k], 0.0))
-        return mu.at[k].set(val)
-
-    mu = jax.lax.fori_loop(1, n, back, jnp.zeros(n, P.dtype).at[0].set(1.0))
-    mu = mu / mu.sum()
-    # A kernel with rows of exact 0s and 1s in floating point (Dirichlet(α) draws at α ≲ 0.01
-    # underflow) can make a state that leads only to itself: GTH then divides by 0. There the
-    # law is the limit of the chain from the uniform law, P^(2^64) by repeated squaring (the
-    # stationary law when one closed class remains, as for a kernel whose positive entries
-    # underflowed). Every chain GTH solves keeps its bits.
-    return jax.lax.cond(jnp.all(jnp.isfinite(mu)), lambda: mu, lambda: _limit_law(P))
-
-
-def _limit_law(P: Float[Array, "S S"]) -> Float[Array, " S"]:
-    """``u P^(2^64)`` for the uniform ``u``: the chain's limiting law from a uniform start (each
-    square's rows renormalised: rounding's (1 + ε)^(2^k) would otherwise overflow)."""
-
-    def square(_, Q):
-        Q = Q @ Q
-        return Q / Q.sum(axis=1, keepdims=True)
-
-    Q = jax.lax.fori_loop(0, 64, square, P)
-    mu = jnp.full(P.shape[0], 1.0 / P.shape[0], P.dtype) @ Q
-    return mu / mu.sum()
-
-
 def stationary_window(pi: Float[Array, "K d"], cfg: DataConfig) -> Float[Array, " S"]:
     """Exact stationary law of the window chain, over ``d**p_k`` states."""
     return stationary_distribution(window_transition(pi, cfg))
@@ -326,6 +292,9 @@ def sample(cfg: DataConfig, N: int, *, key: PRNGKeyArray, dtype=jnp.float64, ste
     need = chain_steps(cfg)
     if steps is not None and int(steps) < need:
         raise ValueError(f"steps must be at least burn_in + L + 1 - p_k = {need}, got {steps!r}")
+    drawn = kind_of(cfg).draw(cfg, int(N), key, dtype)  # the data family's other members' own samplers
+    if drawn is not None:
+        return Sample(*drawn)
     T = need if steps is None or not chain_prefix_stable() else int(steps)  # the same sample either way
     return sample_from_chain(draw_chain(cfg, int(N), key=key, dtype=dtype, steps=T), cfg)
 
@@ -536,7 +505,12 @@ def sample_fast(cfg: DataConfig, N: int, key, dtype=jnp.float64) -> Sample:
 def sample_fast_time_major(cfg: DataConfig, N: int, key, dtype=jnp.float64):
     """:func:`sample_fast`'s draw (the same key gives the same sequences) in the layout its
     sampler produces: ``(tokens, zq, cond, pi)`` with ``tokens`` ``(L+1, N)`` holding
-    ``x_1..x_{L+1}`` position-major (no transpose; online SGD counts windows from it)."""
+    ``x_1..x_{L+1}`` position-major (no transpose; online SGD counts windows from it). The data
+    family's other kinds (:mod:`gflow.core._kinds`) draw with their own sampler."""
+    drawn = kind_of(cfg).draw(cfg, int(N), key, dtype)
+    if drawn is not None:
+        X, y, zq, cond, pi = drawn
+        return jnp.concatenate([X.T, y[None].astype(X.dtype)]), zq, cond, pi
     d, m, k = cfg.d, cfg.m, cfg.k
     kpi, kstart, kchain = jax.random.split(key, 3)
     pi = _dirichlet_fast(cfg, N, kpi, dtype)

@@ -42,6 +42,9 @@ class AbstractModel(eqx.Module):
     options: ClassVar[tuple[str, ...]]
     # whether the selector's sets may hold component 0, the position's own token
     token_component: ClassVar[bool]
+    # whether the selector's sets hold the empty set ∅ (every member's but Nichani et al.'s, which
+    # has no selector: its one set is {1}, so c/Σc ≡ 1 and Stage I ends at its start)
+    empty_set: ClassVar[bool] = True
 
     @classmethod
     @abc.abstractmethod

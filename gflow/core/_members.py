@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (each import registers its member)
     _member_full,  # "full": the official code's Full model
     _member_linear_output,  # "linear_output": an output matrix on the attended average
     _member_linear_query,  # "linear_query": a linear classifier on the query's features
+    _member_nichani,  # "nichani": Nichani et al.'s reduced model (causal position scores)
     _member_paper,  # "paper": the paper's model
     _member_residual,  # "residual": a residual stream, next-token framing
     _member_token,  # "token": a token-aware first layer
@@ -18,7 +19,7 @@ from . import (  # noqa: F401  (each import registers its member)
 from ._model import ModelConfig
 from ._registry import MEMBERS
 
-ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear")
+ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear", "nichani")
 _registered = dict(MEMBERS)
 MEMBERS.clear()
 MEMBERS.update({n: _registered[n] for n in ORDER if n in _registered})

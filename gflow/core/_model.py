@@ -45,17 +45,18 @@ MEMBER_OPTIONS: dict[str, object] = {
 }
 
 
-def subsets(H: int, D: int, *, token: bool = False) -> tuple[tuple[int, ...], ...]:
+def subsets(H: int, D: int, *, token: bool = False, empty: bool = True) -> tuple[tuple[int, ...], ...]:
     """The selector's index set ``𝒮 = {S ⊆ {1..H} : |S| <= D}``, empty set
     included, ordered by size and then lexicographically (docs/theory/mathematics.md §M2).
 
     Heads are 1-based, so a set of heads reads as a set of offsets. With ``token = True``
     the sets are drawn from ``{0, 1..H}``, component 0 being the position's own token
-    (the residual stream and the official Full model, §M10).
+    (the residual stream and the official Full model, §M10). With ``empty = False`` the empty set
+    is left out (Nichani et al.'s member, which has no selector).
     """
     comps = range(0 if token else 1, H + 1)
     out = []
-    for r in range(0, D + 1):
+    for r in range(0 if empty else 1, D + 1):
         out.extend(itertools.combinations(comps, r))
     return tuple(out)
 
@@ -175,7 +176,8 @@ class ModelConfig(eqx.Module):
     @property
     def subsets(self) -> tuple[tuple[int, ...], ...]:
         """The selector's index set of this member (:func:`subsets`)."""
-        return subsets(self.H, self.D, token=bool(MEMBERS[self.member].token_component))
+        cls = MEMBERS[self.member]
+        return subsets(self.H, self.D, token=bool(cls.token_component), empty=bool(cls.empty_set))
 
     @property
     def membership(self) -> np.ndarray:

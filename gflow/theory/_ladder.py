@@ -66,6 +66,7 @@ from ..core import (
     PopulationLoss,
     PositionFeatures,
     Sample,
+    kind_of,
     prior_of,
     sequence_loss,
     subset_label,
@@ -120,6 +121,15 @@ def _redraw(data: DataConfig, estimator, loss: PopulationLoss) -> Sample:
         raise ValueError("the Bayes rung needs the context's tokens, and the loss's sample is not the one "
                          "estimator.seed draws (a loss built from another key): its tokens are not known here")
     return smp
+
+
+def _tokens_of(loss: PopulationLoss, data: DataConfig, estimator):
+    """The sample whose tokens the loss's features hold (the positions layout), else drawn again."""
+    if isinstance(loss.feats, PositionFeatures):
+        return loss.feats
+    if estimator is None:
+        raise ValueError("the Bayes rung of this data kind needs the context's tokens: pass sample= or estimator=")
+    return _redraw(data, estimator, loss)
 
 
 def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
@@ -311,7 +321,12 @@ def loss_ladder(
         sample = _redraw(data, estimator, loss)
     src = sample if sample is not None else loss.feats
     prior = prior_of(data)  # the Dirichlet rows' contexts, or (unigram) every token
-    n = bayes_counts(src, prior.bayes_offsets(data.parents))
+    dkind = kind_of(data)  # the data family's member: the n-gram rule below, or its own counts
+    if dkind.name != "ngram":
+        src = sample if sample is not None else _tokens_of(loss, data, estimator)
+        n = dkind.bayes_counts(data, src.X)
+    else:
+        n = bayes_counts(src, prior.bayes_offsets(data.parents))
     values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))
 
     gih = make_gih(loss, tuple(S))
@@ -326,7 +341,7 @@ def loss_ladder(
 
     values = {k: np.asarray(v, np.float64) for k, v in values.items()}
     e_m, e_se = mean_se(ent)
-    optimal = data.kernel is None and prior.bayes_exact(data)
+    optimal = dkind.bayes_exact(data)
     return Ladder(
         values=values, S=tuple(int(h) for h in S), a_gih=a_gih, entropy=e_m, entropy_se=e_se,
         kind=kind, eps=eps, alpha=float(data.alpha), bayes_optimal=optimal,

@@ -48,11 +48,13 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "model.windows": "aligned",
     "estimator.target": "expected",
     "estimator.loss": "log",
+    "data.kind": "ngram",
 }
 
 # The paper's model: sum-normalised selector, no per-head normalisation,
 # aligned windows (head h on offsets 1..M), the expected (Rao–Blackwellised) target.
 _PAPER_MODEL: dict[str, tuple] = {
+    "data.kind": ("ngram",),  # the paper's data: Ĩ, J and the GIH are derived for the n-gram mixture
     "model.member": ("paper",),
     "model.norm": ("sum",),
     "model.head_norm": (False,),
@@ -103,6 +105,9 @@ def covers(law_coverage: Mapping[str, tuple], cfg) -> tuple[bool, str]:
         section = getattr(cfg, sec, None)
         value = getattr(section, opt, _OPTION_DEFAULTS.get(key)) if section is not None else _OPTION_DEFAULTS.get(key)
         if value not in tuple(allowed):
+            if key == "data.kind":
+                return False, (f"no law for this data: data.kind = {value!r} (the law was derived for "
+                               f"data.kind ∈ {tuple(allowed)!r})")  # fmt: skip
             if key == "model.member":
                 return False, (f"no law for this model: model.member = {value!r} (the law was derived for "
                                f"model.member ∈ {tuple(allowed)!r})")  # fmt: skip

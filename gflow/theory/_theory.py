@@ -113,6 +113,10 @@ def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
         notes.append("the linearised Stage I never reaches 1 − δ (a tie for the top J)")
     if model_cfg.norm != "sum":
         notes.append("norm='layer': L ≈ L₀ − a Σ (c_S/Σc) J(S) is not exact to first order")
+    if data_cfg.kind != "ngram":
+        notes.append(f"data.kind = {data_cfg.kind!r}: no law for this data (Ĩ, J's ranking and the GIH are the "
+                     "n-gram mixture's; Ĩ is ranked as for a bigram chain of the same prior, the law of the query "
+                     "and its successor): the paper's rows are undecided")  # fmt: skip
     if data_cfg.start != "stationary" and data_cfg.burn_in == 0:
         notes.append("start='uniform' without burn-in: Ĩ assumes the stationary law, the sample does not")
     return tuple(notes)

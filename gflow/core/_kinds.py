@@ -1,0 +1,223 @@
+"""The data family (``data.kind``; docs/guides/data.md, docs/theory/mathematics.md §M1): one
+abstract data distribution, :class:`AbstractDataKind`, with one final class per kind, looked up
+by :func:`kind_of`, as the model family's members are by ``member_of``.
+
+A kind declares
+
+- the options it reads (``data.graph``, …; an option of another kind is refused by name),
+- its **sampler** (the flow's fixed sample, :func:`gflow.core.sample`),
+- its **Bayes rung**: the counts its Dirichlet posterior predictive reads, and whether that
+  predictive is the exact posterior predictive of the sample,
+- whether grid points may share one chain (the sample bank of ``gflow.runs``),
+- the **theory** it supports: the modified χ²-MI Ĩ, the Stage I rates J and the GIH are derived
+  for the n-gram mixture; for another kind the paper's rows say "no law for this data".
+
+Members:
+
+- ``"ngram"`` (the default; the paper's mixture of n-gram Markov chains, parents at fixed
+  offsets, the priors of :mod:`gflow.core._priors`);
+- ``"graph"`` (Nichani, Damian and Lee's in-context causal graph, their Task 2.4): one parent
+  position ``p(i) < i`` per position ``i = 1..L−1`` (0: a root), a kernel π with
+  ``Dirichlet(α·1_d)`` rows (``data.prior``), roots from π's stationary law, the other positions
+  from ``π(·|x_{p(i)})``; the last context position ``L`` is the query, uniform on ``[d]``, and the
+  target ``x_{L+1} ~ π(·|x_L)`` (the loss's expected target is the row ``π(·|x_L)``). In gflow's
+  convention the target's parent is the query, offset 1: a graph configuration has
+  ``data.parents = [1]``.
+
+The graphs (``data.graph``), as ``single_parent.py`` of their repository builds them (there
+0-based; here 1-based positions):
+
+- ``"chain"``: ``p(i) = i − 1`` (position 1 a root);
+- ``"icl"``: even positions have parent ``i − 1``, odd positions are roots (pairs
+  ``(x_{2j−1}, x_{2j})``, the in-context-learning layout);
+- ``"random"``: ``p(i)`` uniform over ``{root, 1, …, i−1}``, drawn once from ``data.graph_seed``;
+- an explicit list of ``L − 1`` integers, entry ``i − 1`` position i's parent (0 for a root).
+  Position ``L``, the query, is drawn uniformly and has no entry.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._priors import prior_of
+from ._stationary import stationary_distribution
+
+KINDS: dict[str, type] = {}
+GRAPHS = ("chain", "icl", "random")
+# the options each kind reads beyond d, alpha, L, prior, parents (and their defaults)
+KIND_OPTIONS = {"graph": "chain", "graph_seed": 0}
+
+
+def _register(cls):
+    KINDS[cls.name] = cls
+    return cls
+
+
+def kind_of(data) -> AbstractDataKind:
+    """The data family's member of the configuration `data` (its ``data.kind``)."""
+    return KINDS[data.kind]()
+
+
+class AbstractDataKind(eqx.Module):
+    """A member of the data family (module docstring)."""
+
+    name: ClassVar[str]
+    # the DataConfig options (of KIND_OPTIONS) this kind reads; the others must stay default
+    options: ClassVar[tuple[str, ...]]
+    # whether Ĩ, J and the GIH law are derived for this data
+    has_laws: ClassVar[bool]
+    # whether grid points differing in L or burn_in read one chain (the sample bank of gflow.runs)
+    shares_chain: ClassVar[bool]
+
+    @abc.abstractmethod
+    def check(self, data) -> None:
+        """``ValueError`` naming the key when `data` is not a valid configuration of this kind."""
+
+    @abc.abstractmethod
+    def draw(self, data, N: int, key, dtype):
+        """``N`` sequences ``(X, y, zq, cond, pi)`` (the fields of :class:`gflow.core.Sample`), or
+        ``None``: the n-gram chain's sampler of :func:`gflow.core.sample` draws them."""
+
+    @abc.abstractmethod
+    def bayes_counts(self, data, X):
+        """The counts ``n(e)`` of the Bayes rung's Dirichlet predictive ``(n + α)/(Σn + dα)``,
+        ``(N, d)``, from the context tokens ``X`` ``(N, L)`` (``None``: the n-gram rule of
+        the loss ladder, which also reads the feature layouts)."""
+
+    @abc.abstractmethod
+    def bayes_exact(self, data) -> bool:
+        """Whether the Bayes rung is the exact posterior predictive of this data."""
+
+    def check_options(self, data) -> None:
+        """Refuse an option of another kind (final)."""
+        for name, default in KIND_OPTIONS.items():
+            if name not in self.options and getattr(data, name) != default:
+                users = tuple(k for k, c in KINDS.items() if name in c.options)
+                raise ValueError(f"data.{name} is an option of data.kind in {users}, not of data.kind = "
+                                 f"{self.name!r} (leave it at its default {default!r})")  # fmt: skip
+
+
+@_register
+class NgramKind(AbstractDataKind):
+    """The paper's mixture of n-gram Markov chains (the default kind)."""
+
+    name: ClassVar[str] = "ngram"
+    options: ClassVar[tuple[str, ...]] = ()
+    has_laws: ClassVar[bool] = True
+    shares_chain: ClassVar[bool] = True
+
+    def check(self, data) -> None:
+        return None
+
+    def draw(self, data, N, key, dtype):
+        return None
+
+    def bayes_counts(self, data, X):
+        return None
+
+    def bayes_exact(self, data) -> bool:
+        return data.kernel is None and prior_of(data).bayes_exact(data)
+
+
+def graph_parents(data) -> np.ndarray:
+    """The parent of every context position ``1..L−1``, ``(L−1,)`` int (1-based, 0 for a root), of
+    the graph ``data.graph`` (module docstring)."""
+    g, n = data.graph, data.L - 1
+    if isinstance(g, tuple):
+        return np.asarray(g, np.int64)
+    i = np.arange(1, n + 1)
+    if g == "chain":
+        return i - 1
+    if g == "icl":
+        return np.where(i % 2 == 0, i - 1, 0)
+    rng = np.random.default_rng(int(data.graph_seed))  # "random": p(i) uniform on {0 (root), 1..i−1}
+    return np.array([rng.integers(0, k) for k in i], np.int64)
+
+
+@_register
+class GraphKind(AbstractDataKind):
+    """Nichani, Damian and Lee's in-context causal graph (module docstring)."""
+
+    name: ClassVar[str] = "graph"
+    options: ClassVar[tuple[str, ...]] = ("graph", "graph_seed")
+    has_laws: ClassVar[bool] = False
+    shares_chain: ClassVar[bool] = False
+
+    def check(self, data) -> None:
+        if data.parents != (1,):
+            raise ValueError(f"data.kind = 'graph' predicts the successor of the query x_L, whose parent is the query "
+                             f"itself: data.parents must be [1], got {list(data.parents)}")  # fmt: skip
+        if data.kernel is not None:
+            raise ValueError("data.kernel is an option of data.kind = 'ngram', not of data.kind = 'graph'")
+        if data.start != "stationary" or data.burn_in != 0:
+            raise ValueError("data.start and data.burn_in are options of data.kind = 'ngram' (a graph's roots are "
+                             "drawn from the stationary law): leave them at 'stationary' and 0")  # fmt: skip
+        if data.L < 2:
+            raise ValueError(f"data.kind = 'graph' needs data.L >= 2 (positions 1..L−1 and the query), got {data.L}")
+        g = data.graph
+        if isinstance(g, str):
+            if g not in GRAPHS:
+                raise ValueError(f"data.graph must be one of {GRAPHS} or a list of data.L − 1 parent positions, "
+                                 f"got {g!r}")  # fmt: skip
+        else:
+            if len(g) != data.L - 1:
+                raise ValueError(f"data.graph as a list holds the parent of positions 1..L−1 (position L is the query, "
+                                 f"drawn uniformly): {data.L - 1} entries for data.L = {data.L}, got {len(g)}")  # fmt: skip
+            bad = [(i + 1, p) for i, p in enumerate(g) if not 0 <= p < i + 1]
+            if bad:
+                i, p = bad[0]
+                raise ValueError(f"data.graph: position {i}'s parent must be a position before it (0 <= p(i) < i, 0 "
+                                 f"for a root), got p({i}) = {p}")  # fmt: skip
+        if not isinstance(data.graph_seed, (int, np.integer)) or isinstance(data.graph_seed, bool):
+            raise ValueError(f"data.graph_seed must be an integer, got {data.graph_seed!r}")
+
+    def draw(self, data, N, key, dtype):
+        return _graph_draw(data, int(N), key, dtype)
+
+    def bayes_counts(self, data, X):
+        """``n(e) = #{i ≤ L−1 : p(i) ≠ 0, x_{p(i)} = x_L, x_i = e}`` (the repository's ``bayes``; every
+        position ``i ≤ L−1`` for the unigram prior, whose rows are one)."""
+        X = jnp.asarray(X)
+        par = graph_parents(data)
+        child = X[:, : data.L - 1]
+        onehot = jax.nn.one_hot(child, data.d, dtype=jnp.float64)  # (N, L−1, d)
+        if data.prior == "unigram":
+            return onehot.sum(1)
+        hit = (par > 0)[None, :] & (X[:, np.maximum(par, 1) - 1] == X[:, -1:])  # (N, L−1)
+        return jnp.einsum("nl,nld->nd", hit.astype(jnp.float64), onehot)
+
+    def bayes_exact(self, data) -> bool:
+        return False  # the roots are drawn from π's stationary law, which the predictive ignores
+
+
+@eqx.filter_jit
+def _graph_draw(data, N: int, key, dtype):
+    d, L = data.d, data.L
+    kpi, kseq, kq, ky = jax.random.split(key, 4)
+    dirichlet = lambda shape: jax.random.dirichlet(kpi, jnp.full(shape, data.alpha, dtype), dtype=dtype)
+    pi = prior_of(data).kernels(dirichlet, (N, d, d))  # one parent: a (d, d) kernel per sequence
+    mu = jax.vmap(stationary_distribution)(pi)  # (N, d)
+    par = jnp.asarray(graph_parents(data))
+    u = jax.random.uniform(kseq, (L - 1, N), dtype=dtype)
+    rows = jnp.arange(N)
+
+    def draw(p, ui):  # inversion: #{e < d−1 : u ≥ F(e)}
+        return jnp.sum(ui[:, None] >= jnp.cumsum(p, axis=-1)[:, :-1], axis=-1).astype(jnp.int32)
+
+    def step(X, i):
+        parent_tok = X[:, jnp.maximum(par[i], 1) - 1]
+        p = jnp.where(par[i] > 0, pi[rows, parent_tok], mu)
+        return X.at[:, i].set(draw(p, u[i])), None
+
+    X0 = jnp.zeros((N, L), jnp.int32).at[:, L - 1].set(jax.random.randint(kq, (N,), 0, d, dtype=jnp.int32))
+    X, _ = jax.lax.scan(step, X0, jnp.arange(L - 1))
+    q = X[:, L - 1]
+    cond = pi[rows, q]
+    y = draw(cond, jax.random.uniform(ky, (N,), dtype=dtype))
+    return X, y, q.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), cond, pi

@@ -1,0 +1,175 @@
+"""Nichani, Damian and Lee's reduced two-layer model (``model.member = "nichani"``;
+docs/guides/models.md, docs/theory/mathematics.md §M10).
+
+Layer 1 is a causal position-score matrix per head, ``A⁽¹⁾_h ∈ ℝ^{L×L}`` (block ``"A1"``,
+``(H, L, L)``, entries above the diagonal unread): position l's output is
+``v_l^(h) = Σ_{j≤l} softmax_{j≤l}(A⁽¹⁾_h[l, j]) e(x_j)`` (position ``k`` is index ``k−1``). Layer 2
+is the token match of the query ``x_L`` against each position's copied token, scaled by the
+paper's ``a`` (their β), and outputs the attention average of one-hot tokens:
+
+    κ_l = ⟨e(x_L), v_l^(1)⟩,      ŷ = Σ_{l<L} softmax_l(a κ_l) e(x_l),
+
+their reduced model ``ŷ = Σ_l softmax(β ⟨e(x_L), v_l⟩) e(x_l)``: a position whose parent's token
+equals the query's passes its own token on. The keys are the positions before the query, as the
+paper's query ``L+1`` is not its own key (with the query as a key, ``κ_L = 1`` whenever row L
+attends to itself and the model predicts the query's own token). It has no selector: its one set is {1} (``model.H =
+model.D = 1``; C is kept in θ with ``c/Σc ≡ 1``), so a staged run's Stage I ends at its start by
+its event, and Stages II and III are their Algorithm 1: ``A⁽¹⁾`` at the small fixed ``a``, then ``a``.
+
+Choices (the repository is silent or differs):
+
+- **one head** (``model.H = 1``): the query has one parent, itself; their k-parent DAGs are not
+  in this member yet;
+- **the start** ``A⁽¹⁾ = 0`` (uniform causal attention), as their ``CatFormer`` starts; ``w`` stays
+  in θ unread;
+- **Stage II's event**: the model does not know the graph, so the copier's concentration the event
+  reads is the attention of a position on the position ``j`` before it, averaged over the
+  positions ``l = j+1..L`` (:meth:`NichaniModel.query_attention`, ``(H, M)``): on the chain graph
+  it reaches ``1 − δ`` at offset 1; on another graph Stage II runs its whole duration.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _paper
+from ._family import AbstractModel
+from ._ops import c_shares, sequence_loss
+from ._registry import register
+
+
+def causal_attention(A):
+    """``softmax_{j≤l}(A[..., l, j])`` over the last axis, the future masked: ``(..., L, L)``."""
+    L = A.shape[-1]
+    mask = np.tril(np.ones((L, L), bool))
+    return jax.nn.softmax(jnp.where(mask, A, -jnp.inf), axis=-1)
+
+
+def offset_attention(A, M: int):
+    """The attention of a position on the position ``j = 1..M`` before it, averaged over the
+    positions that have one, ``(H, M)`` (numpy in, numpy out)."""
+    A = np.asarray(A, np.float64)
+    L = A.shape[-1]
+    z = np.where(np.tril(np.ones((L, L), bool)), A, -np.inf)
+    s = np.exp(z - z.max(-1, keepdims=True))
+    s = s / s.sum(-1, keepdims=True)
+    out = np.zeros(A.shape[:-2] + (M,))
+    for j in range(1, M + 1):
+        if j < L:
+            out[..., j - 1] = np.diagonal(s, offset=-j, axis1=-2, axis2=-1).mean(-1)
+    return out
+
+
+@register
+class NichaniModel(AbstractModel):
+    """Nichani et al.'s reduced model (see the module docstring)."""
+
+    name = "nichani"
+    options = ()
+    token_component = False
+    empty_set = False
+
+    @classmethod
+    def check_config(cls, model) -> None:
+        if model.H != 1:
+            raise ValueError(f"model.member = 'nichani' has one head (the query's one parent): model.H must be 1, "
+                             f"got {model.H}")  # fmt: skip
+        if model.D != 1:
+            raise ValueError(f"model.member = 'nichani' has no selector (its one set is {{1}}): model.D must be 1, "
+                             f"got {model.D}")  # fmt: skip
+
+    @classmethod
+    def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:
+        if L is None:
+            raise ValueError("model.member = 'nichani' needs the context length L for its (H, L, L) position scores")
+        return {"A1": jnp.zeros((model.H, L, L), dtype)}
+
+    @property
+    def span(self) -> int:
+        return self.model.M
+
+    @property
+    def own_token(self) -> bool:
+        return False
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return ("positions",)
+
+    def auto_layout(self, d: int) -> str:
+        return "positions"
+
+    @property
+    def stage_moves(self):
+        return {"I": ("C",), "II": ("A1",), "III": ("a",), "joint": ("A1", "C", "a")}
+
+    def block_group(self, name: str) -> str:
+        return "w" if name == "A1" else name
+
+    @property
+    def readout_blocks(self):
+        return ("a",)
+
+    @property
+    def caches_selector(self) -> bool:
+        return True
+
+    @property
+    def has_table_hessian(self) -> bool:
+        return False
+
+    def shares(self, blocks):
+        return c_shares(blocks["C"])
+
+    def query_attention(self, blocks):
+        A = blocks["A1"]
+        if isinstance(A, jax.Array):
+            L = A.shape[-1]
+            s = causal_attention(A)
+            cols = [jnp.diagonal(s, offset=-j, axis1=-2, axis2=-1).mean(-1) if j < L else jnp.zeros(A.shape[:-2])
+                    for j in range(1, self.model.M + 1)]  # fmt: skip
+            return jnp.stack(cols, axis=-1)
+        return offset_attention(A, self.model.M)
+
+    def heads_of(self, S):
+        return tuple(S)
+
+    def set_offsets(self, S):
+        return tuple(S)
+
+    # -- no table layouts: the first layer's scores depend on the position ----------------------
+    def _no_table(self, *args, **kwargs):
+        raise ValueError("model.member = 'nichani' computes in estimator.layout = 'positions' only")
+
+    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
+    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
+
+    # -- the positions layout ------------------------------------------------------------------
+    @property
+    def reads_match_tensors(self) -> bool:
+        return False
+
+    def position_inputs(self, x, dtype):
+        return None, None
+
+    def positions_products(self, p, X, G, Gs, d):
+        A = p.get("A1")
+        if A.shape[-1] != X.shape[-1]:
+            raise ValueError(f"model.member = 'nichani' was trained at L = {A.shape[-1]}: its position scores "
+                             f"cannot read a context of L = {X.shape[-1]}")  # fmt: skip
+        match = (X == X[-1]).astype(A.dtype)  # 1{x_j = x_L}
+        inner = jnp.einsum("hlj,j->lh", causal_attention(A), match)  # ⟨e(x_L), v_l^(h)⟩
+        return _paper.subset_products(inner, self.model.membership)
+
+    def positions_from_products(self, C, products):
+        c = C**2
+        return products @ c / c.sum()
+
+    def positions_z(self, p, X, G, Gs, d):
+        return self.positions_from_products(p.C, self.positions_products(p, X, G, Gs, d))
+
+    def positions_readout(self, p, z, X, cond, eps, kind):
+        # layer 2's keys are the positions before the query (the query is not its own key)
+        return sequence_loss(_paper.predict_from_kappa(p.a, z[:-1], X[:-1], cond.shape[-1]), cond, eps, kind)
