@@ -16,6 +16,7 @@ from .core import AbstractModel as AbstractModel
 from .core import AbstractWindowModel as AbstractWindowModel
 from .core import BilinearModel as BilinearModel
 from .core import DataConfig as DataConfig
+from .core import EdelmanModel as EdelmanModel
 from .core import EstimatorConfig as EstimatorConfig
 from .core import FullModel as FullModel
 from .core import InitConfig as InitConfig
@@ -23,6 +24,7 @@ from .core import LinearOutputModel as LinearOutputModel
 from .core import LinearQueryModel as LinearQueryModel
 from .core import LossStats as LossStats
 from .core import ModelConfig as ModelConfig
+from .core import NichaniModel as NichaniModel
 from .core import PaperModel as PaperModel
 from .core import Params as Params
 from .core import PopulationLoss as PopulationLoss
@@ -65,6 +67,7 @@ from .runs import GridIncomplete as GridIncomplete
 from .runs import PhaseResult as PhaseResult
 from .runs import Replicates as Replicates
 from .runs import SweepResult as SweepResult
+from .runs import attention as attention
 from .runs import check_run as check_run
 from .runs import evaluate as evaluate
 from .runs import integrate as integrate

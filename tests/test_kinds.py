@@ -164,3 +164,75 @@ def test_bad_nichani_model_and_layout_are_refused(tmp_path, capsys):
     argv = ["run", "scripts/configs/nichani.toml", "--out", str(out), "--param", "estimator.layout=counts", "--dry-run"]
     assert main(argv) == 2
     assert "estimator.layout" in capsys.readouterr().err and not out.exists()
+
+
+def _edelman_reference(v, W, X, cond):
+    """Their min_model.forward at the last position, written from the repository (numpy, one
+    sequence), with the causal mask applied: layer 1 attention[s, j] = softmax_j(v[s−j]) for
+    j ≤ s; layer 2 logits = Σ_{s≤L} (x_Lᵀ W h_s) e(x_s); cross-entropy of softmax(logits)."""
+    L, d = len(X), len(cond)
+    E = np.eye(d)[X]
+    pos = np.arange(L)[:, None] - np.arange(L)[None, :]
+    att = np.where(pos >= 0, v[np.clip(pos, 0, None)], -np.inf)
+    att = np.exp(att - att.max(-1, keepdims=True))
+    att /= att.sum(-1, keepdims=True)
+    h = att @ E
+    logits = ((E @ W) @ h.T)[-1] @ E  # e_Lᵀ W h_s summed against e(x_s)
+    logp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    return -np.sum(cond * logp)
+
+
+def test_edelman_loss_is_their_minimal_model():
+    data = DataConfig(d=3, parents=[1], alpha=1.0, L=10)
+    model = ModelConfig(member="edelman", H=1, D=1, M=1)
+    est = EstimatorConfig(N=30, seed=2, loss="ce_on_probs", eps=0.0)
+    loss = make_loss(data, model, est)
+    rng = np.random.default_rng(1)
+    v, W = rng.normal(size=10), rng.normal(size=(3, 3))
+    p = init_params(model, d=3, L=10).with_blocks({"v": jnp.asarray(v), "W": jnp.asarray(W)})
+    smp = sample(data, 30, key=jax.random.key(2))
+    want = [_edelman_reference(v, W, np.asarray(smp.X[n]), np.asarray(smp.cond[n])) for n in range(30)]
+    np.testing.assert_allclose(np.asarray(loss.per_sequence(p)), want, rtol=1e-12)
+    # their start: v = 0, W = 0.01 everywhere
+    p0 = init_params(model, d=3, L=10)
+    assert float(jnp.max(jnp.abs(p0.get("v")))) == 0.0 and np.all(np.asarray(p0.get("W")) == 0.01)
+    with pytest.raises(ValueError, match=r"estimator\.loss must be 'ce_on_probs'"):
+        make_loss(data, model, EstimatorConfig(N=30))(p0)
+    with pytest.raises(ValueError, match=r"estimator\.loss must be 'ce_on_probs'"):  # a run: before any compute
+        from_dict({"data": {"parents": [1]}, "model": {"member": "edelman", "H": 1, "D": 1, "M": 1}})
+
+
+def test_attention_along_the_sequence_for_every_positional_member():
+    """gflow.attention: the paper's RPE laid along the sequence (closed form at the start), the
+    absolute member at its Toeplitz start equal to it, Nichani's and Edelman's rows summing to one."""
+    from gflow.core import sequence_attention
+
+    L = 7
+    m = ModelConfig()  # the paper's, H = M = 3 aligned
+    p = init_params(m, d=3, L=L)
+    A = sequence_attention(m, p.blocks(), L)
+    s = np.exp(np.asarray(p.w)) / np.exp(np.asarray(p.w)).sum(-1, keepdims=True)
+    for h in range(3):
+        for l in range(L):
+            for j in range(L):
+                want = s[h, l - j - 1] if 1 <= l - j <= 3 else 0.0
+                assert abs(A[h, l, j] - want) <= 1e-15
+    np.testing.assert_allclose(A[:, 3:].sum(-1), 1.0, rtol=1e-14)  # full windows
+    ab = ModelConfig(member="absolute")
+    np.testing.assert_allclose(sequence_attention(ab, init_params(ab, d=3, L=L).blocks(), L), A, rtol=1e-14)
+    sh = ModelConfig(windows="shifted", M=2)
+    S = sequence_attention(sh, init_params(sh, d=3, L=L).blocks(), L)
+    assert S[2, 6, 3] > 0 and S[2, 6, 4] == 0  # head 3 reads offsets 3, 4
+    for member in ("nichani", "edelman"):
+        mm = ModelConfig(member=member, H=1, D=1, M=1)
+        pp = init_params(mm, d=3, L=L)
+        blocks = {b: np.random.default_rng(0).normal(size=np.shape(v)) for b, v in pp.blocks().items()}
+        R = sequence_attention(mm, blocks, L)
+        np.testing.assert_allclose(R.sum(-1), 1.0, rtol=1e-14)
+        assert np.all(np.triu(R[0], 1) == 0)
+    with pytest.raises(ValueError, match="reads the tokens"):
+        sequence_attention(ModelConfig(member="token"), {}, L)
+    traj = gflow.integrate(from_dict({"data": {"L": 12}, "estimator": {"N": 50}, "schedule": {"durations": [1, 1, 1]}}))
+    assert abs(gflow.attention(traj, 0)[0, 5, 4] - s[0, 0]) <= 1e-15
+    with pytest.raises(ValueError, match="outside the run's"):
+        gflow.attention(traj, len(traj.ts))

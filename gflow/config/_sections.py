@@ -338,6 +338,9 @@ class Config(eqx.Module):
                     f"schedule.t1): more than 2^53 steps of {self.solver.method_for('I')!r}"
                 )
         self._check_stochastic()
+        if self.model.member == "edelman" and self.estimator.loss != "ce_on_probs":  # its output is logits
+            raise ValueError("model.member = 'edelman' outputs logits: estimator.loss must be 'ce_on_probs' (their "
+                             f"cross-entropy), got {self.estimator.loss!r}")  # fmt: skip
         if self.estimator.relabel and self.data.d > MAX_RELABEL_D:
             raise ValueError(f"estimator.relabel averages over the d! relabellings of the tokens and needs "
                              f"data.d <= {MAX_RELABEL_D}, got data.d = {self.data.d}")  # fmt: skip

@@ -7,6 +7,7 @@ the κ table (``_second``).
 Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
 """
 
+from ._attention import sequence_attention as sequence_attention
 from ._data import Chain as Chain
 from ._data import DataConfig as DataConfig
 from ._data import Sample as Sample
@@ -48,9 +49,11 @@ from ._loss import resolve_layout as resolve_layout
 from ._member_absolute import AbsoluteModel as AbsoluteModel
 from ._member_absolute import toeplitz_defect as toeplitz_defect
 from ._member_bilinear import BilinearModel as BilinearModel
+from ._member_edelman import EdelmanModel as EdelmanModel
 from ._member_full import FullModel as FullModel
 from ._member_linear_output import LinearOutputModel as LinearOutputModel
 from ._member_linear_query import LinearQueryModel as LinearQueryModel
+from ._member_nichani import NichaniModel as NichaniModel
 from ._member_paper import PaperModel as PaperModel
 from ._member_paper import sparse_table_size as sparse_table_size
 from ._member_residual import ResidualModel as ResidualModel

@@ -7,6 +7,7 @@ from __future__ import annotations
 from . import (  # noqa: F401  (each import registers its member)
     _member_absolute,  # "absolute": absolute positional embeddings
     _member_bilinear,  # "bilinear": a bilinear second layer
+    _member_edelman,  # "edelman": Edelman et al.'s minimal model (linear attention)
     _member_full,  # "full": the official code's Full model
     _member_linear_output,  # "linear_output": an output matrix on the attended average
     _member_linear_query,  # "linear_query": a linear classifier on the query's features
@@ -19,7 +20,7 @@ from . import (  # noqa: F401  (each import registers its member)
 from ._model import ModelConfig
 from ._registry import MEMBERS
 
-ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear", "nichani")
+ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear", "nichani", "edelman")
 _registered = dict(MEMBERS)
 MEMBERS.clear()
 MEMBERS.update({n: _registered[n] for n in ORDER if n in _registered})

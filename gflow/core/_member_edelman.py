@@ -1,0 +1,156 @@
+"""Edelman et al.'s minimal model of the statistical induction head (``model.member = "edelman"``;
+docs/guides/models.md; their ``mingpt/min_model.py``).
+
+One-hot tokens. Layer 1 is a softmax over the causal past with one weight per offset, ``v ∈ ℝ^L``
+(block ``"v"``, offsets ``0..L−1``): position s's output is
+
+    h_s = Σ_{j≤s} softmax_{j≤s}(v_{s−j}) e(x_j).
+
+Layer 2 is linear attention with ``W ∈ ℝ^{d×d}`` (block ``"W"``): the query is the last token
+``x_L``, every position ``s ≤ L`` is a key, and the logits are
+
+    logits = Σ_{s≤L} (x_Lᵀ W h_s) e(x_s),
+
+scored by the cross-entropy of their softmax (``estimator.loss = "ce_on_probs"``; the member
+refuses ``"log"``, whose ``log ŷ`` of logits means nothing). Their start: ``v = 0``, every entry of
+W at 0.01. By the relabelling symmetry W stays in span{I, 11ᵀ} from such a start: the 11ᵀ part
+counts the context's unigram, the I part the bigram through layer 1's copy of the previous token.
+
+Choices: the future is masked (the repository discards its ``masked_fill`` result, so its layer 1
+also reads the future positions, which a causal model must not); the loss is taken where
+``estimator`` takes it (the last token today). The model has no selector (its one set is {1},
+``model.H = model.D = 1``), so a staged run's Stage I ends at its start; Stage II trains v,
+Stage III W, and the joint schedule both (v at ``eta_w``, W at ``eta_a``), as they train.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._family import AbstractModel
+from ._ops import c_shares, sequence_loss
+from ._registry import register
+
+#: the start of every entry of W (their ``torch.nn.init.constant_(self.W.weight, 0.01)``)
+W0 = 0.01
+
+
+def offset_attention(v, L: int):
+    """``softmax_{j≤s}(v_{s−j})`` of every position s, ``(..., L, L)`` (row s, column j; the future
+    masked): numpy in, numpy out; JAX in, JAX out."""
+    xp = jnp if isinstance(v, jax.Array) else np
+    s, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    past = j <= s
+    A = xp.where(past, v[..., np.clip(s - j, 0, L - 1)], -xp.inf)
+    A = A - A.max(-1, keepdims=True)
+    e = xp.exp(A)
+    return e / e.sum(-1, keepdims=True)
+
+
+@register
+class EdelmanModel(AbstractModel):
+    """Edelman et al.'s minimal model (see the module docstring)."""
+
+    name = "edelman"
+    options = ()
+    token_component = False
+    empty_set = False
+
+    @classmethod
+    def check_config(cls, model) -> None:
+        if model.H != 1 or model.D != 1:
+            raise ValueError(f"model.member = 'edelman' has one head and no selector: model.H and model.D must be 1, "
+                             f"got H={model.H}, D={model.D}")  # fmt: skip
+
+    @classmethod
+    def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:
+        if L is None or d is None:
+            raise ValueError("model.member = 'edelman' needs the vocabulary d and the context length L for v and W")
+        return {"v": jnp.zeros((L,), dtype), "W": jnp.full((d, d), W0, dtype)}
+
+    @property
+    def span(self) -> int:
+        return self.model.M
+
+    @property
+    def own_token(self) -> bool:
+        return False
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return ("positions",)
+
+    def auto_layout(self, d: int) -> str:
+        return "positions"
+
+    @property
+    def stage_moves(self):
+        return {"I": ("C",), "II": ("v",), "III": ("W",), "joint": ("v", "C", "W")}
+
+    def block_group(self, name: str) -> str:
+        return {"v": "w", "W": "a"}.get(name, name)
+
+    @property
+    def readout_blocks(self):
+        return ("W",)
+
+    @property
+    def caches_selector(self) -> bool:
+        return False
+
+    @property
+    def has_table_hessian(self) -> bool:
+        return False
+
+    def shares(self, blocks):
+        return c_shares(blocks["C"])
+
+    def query_attention(self, blocks):
+        """The last position's attention on the offsets ``1..M`` before it, ``(1, M)``."""
+        v = blocks["v"]
+        L = v.shape[-1]
+        row = offset_attention(v, L)[..., L - 1, :]  # over positions j = 1..L
+        xp = jnp if isinstance(v, jax.Array) else np
+        cols = [row[..., L - 1 - j] if j < L else xp.zeros(row.shape[:-1]) for j in range(1, self.model.M + 1)]
+        return xp.stack(cols, axis=-1)[..., None, :]
+
+    def heads_of(self, S):
+        return tuple(S)
+
+    def set_offsets(self, S):
+        return tuple(S)
+
+    # -- no table layouts ------------------------------------------------------------------------
+    def _no_table(self, *args, **kwargs):
+        raise ValueError("model.member = 'edelman' computes in estimator.layout = 'positions' only")
+
+    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
+    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
+    positions_products = positions_from_products = _no_table
+
+    # -- the positions layout: z is layer 1's output h, (L, d) -------------------------------------
+    @property
+    def reads_match_tensors(self) -> bool:
+        return False
+
+    def position_inputs(self, x, dtype):
+        return None, None
+
+    def positions_z(self, p, X, G, Gs, d):
+        v = p.get("v")
+        if v.shape[-1] != X.shape[-1]:
+            raise ValueError(f"model.member = 'edelman' was trained at L = {v.shape[-1]}: its offset weights "
+                             f"cannot read a context of L = {X.shape[-1]}")  # fmt: skip
+        E = jax.nn.one_hot(X, d, dtype=v.dtype)
+        return offset_attention(v, X.shape[-1]) @ E  # h_s, (L, d)
+
+    def positions_readout(self, p, z, X, cond, eps, kind):
+        if kind != "ce_on_probs":
+            raise ValueError("model.member = 'edelman' outputs logits: estimator.loss must be 'ce_on_probs' (their "
+                             f"cross-entropy), got {kind!r}")  # fmt: skip
+        d = cond.shape[-1]
+        E = jax.nn.one_hot(X, d, dtype=z.dtype)
+        score = z @ p.get("W").T @ E[-1]  # x_Lᵀ W h_s, (L,)
+        return sequence_loss(E.T @ score, cond, eps, kind)
