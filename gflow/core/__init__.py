@@ -74,6 +74,7 @@ from ._ops import sequence_loss as sequence_loss
 from ._paper import sparse_window_blocks as sparse_window_blocks
 from ._paper import window_code_count as window_code_count
 from ._paper import window_weights as window_weights
+from ._positional import AbstractPositionalModel as AbstractPositionalModel
 from ._priors import PRIORS as PRIORS
 from ._priors import AbstractPrior as AbstractPrior
 from ._priors import prior_of as prior_of

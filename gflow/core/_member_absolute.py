@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _paper
-from ._family import AbstractModel
-from ._ops import c_shares, sequence_loss, softmax_any
+from ._ops import sequence_loss, softmax_any
+from ._positional import AbstractPositionalModel
 from ._registry import register
 
 
@@ -32,7 +32,7 @@ def toeplitz_defect(pos) -> float:
 
 
 @register
-class AbsoluteModel(AbstractModel):
+class AbsoluteModel(AbstractPositionalModel):
     """The paper's model with absolute positional embeddings (see the module docstring)."""
 
     name = "absolute"
@@ -52,21 +52,6 @@ class AbsoluteModel(AbstractModel):
         return {"pos": jnp.broadcast_to(p.w[:, None, :], (model.H, L + 1, model.M)).astype(dtype)}
 
     @property
-    def span(self) -> int:
-        return self.model.M
-
-    @property
-    def own_token(self) -> bool:
-        return False
-
-    @property
-    def layouts(self) -> tuple[str, ...]:
-        return ("positions",)
-
-    def auto_layout(self, d: int) -> str:
-        return "positions"
-
-    @property
     def stage_moves(self):
         return {"I": ("C",), "II": ("pos",), "III": ("a",), "joint": ("pos", "C", "a")}
 
@@ -81,28 +66,10 @@ class AbsoluteModel(AbstractModel):
     def caches_selector(self) -> bool:
         return True
 
-    @property
-    def has_table_hessian(self) -> bool:
-        return False
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
     def query_attention(self, blocks):
         return softmax_any(blocks["pos"][..., -1, :])
 
-    def heads_of(self, S):
-        return tuple(S)
 
-    def set_offsets(self, S):
-        return tuple(S)
-
-    # -- no table layouts: κ depends on the position -------------------------------------------
-    def _no_table(self, *args, **kwargs):
-        raise ValueError("model.member = 'absolute' computes in estimator.layout = 'positions' only")
-
-    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
-    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
 
     # -- the positions layout ------------------------------------------------------------------
     @property

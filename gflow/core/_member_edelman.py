@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._family import AbstractModel
-from ._ops import c_shares, sequence_loss
+from ._ops import sequence_loss
+from ._positional import AbstractPositionalModel
 from ._registry import register
 
 #: the start of every entry of W (their ``torch.nn.init.constant_(self.W.weight, 0.01)``)
@@ -50,7 +50,7 @@ def offset_attention(v, L: int):
 
 
 @register
-class EdelmanModel(AbstractModel):
+class EdelmanModel(AbstractPositionalModel):
     """Edelman et al.'s minimal model (see the module docstring)."""
 
     name = "edelman"
@@ -71,21 +71,6 @@ class EdelmanModel(AbstractModel):
         return {"v": jnp.zeros((L,), dtype), "W": jnp.full((d, d), W0, dtype)}
 
     @property
-    def span(self) -> int:
-        return self.model.M
-
-    @property
-    def own_token(self) -> bool:
-        return False
-
-    @property
-    def layouts(self) -> tuple[str, ...]:
-        return ("positions",)
-
-    def auto_layout(self, d: int) -> str:
-        return "positions"
-
-    @property
     def stage_moves(self):
         return {"I": ("C",), "II": ("v",), "III": ("W",), "joint": ("v", "C", "W")}
 
@@ -100,13 +85,6 @@ class EdelmanModel(AbstractModel):
     def caches_selector(self) -> bool:
         return False
 
-    @property
-    def has_table_hessian(self) -> bool:
-        return False
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
     def query_attention(self, blocks):
         """The last position's attention on the offsets ``1..M`` before it, ``(1, M)``."""
         v = blocks["v"]
@@ -116,19 +94,9 @@ class EdelmanModel(AbstractModel):
         cols = [row[..., L - 1 - j] if j < L else xp.zeros(row.shape[:-1]) for j in range(1, self.model.M + 1)]
         return xp.stack(cols, axis=-1)[..., None, :]
 
-    def heads_of(self, S):
-        return tuple(S)
 
-    def set_offsets(self, S):
-        return tuple(S)
 
-    # -- no table layouts ------------------------------------------------------------------------
-    def _no_table(self, *args, **kwargs):
-        raise ValueError("model.member = 'edelman' computes in estimator.layout = 'positions' only")
-
-    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
-    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
-    positions_products = positions_from_products = _no_table
+    positions_products = positions_from_products = AbstractPositionalModel._no_table  # no selector to cache
 
     # -- the positions layout: z is layer 1's output h, (L, d) -------------------------------------
     @property

@@ -35,8 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _paper
-from ._family import AbstractModel
-from ._ops import c_shares, sequence_loss
+from ._ops import sequence_loss
+from ._positional import AbstractPositionalModel
 from ._registry import register
 
 
@@ -63,7 +63,7 @@ def offset_attention(A, M: int):
 
 
 @register
-class NichaniModel(AbstractModel):
+class NichaniModel(AbstractPositionalModel):
     """Nichani et al.'s reduced model (see the module docstring)."""
 
     name = "nichani"
@@ -87,21 +87,6 @@ class NichaniModel(AbstractModel):
         return {"A1": jnp.zeros((model.H, L, L), dtype)}
 
     @property
-    def span(self) -> int:
-        return self.model.M
-
-    @property
-    def own_token(self) -> bool:
-        return False
-
-    @property
-    def layouts(self) -> tuple[str, ...]:
-        return ("positions",)
-
-    def auto_layout(self, d: int) -> str:
-        return "positions"
-
-    @property
     def stage_moves(self):
         return {"I": ("C",), "II": ("A1",), "III": ("a",), "joint": ("A1", "C", "a")}
 
@@ -116,13 +101,6 @@ class NichaniModel(AbstractModel):
     def caches_selector(self) -> bool:
         return True
 
-    @property
-    def has_table_hessian(self) -> bool:
-        return False
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
     def query_attention(self, blocks):
         A = blocks["A1"]
         if isinstance(A, jax.Array):
@@ -133,18 +111,7 @@ class NichaniModel(AbstractModel):
             return jnp.stack(cols, axis=-1)
         return offset_attention(A, self.model.M)
 
-    def heads_of(self, S):
-        return tuple(S)
 
-    def set_offsets(self, S):
-        return tuple(S)
-
-    # -- no table layouts: the first layer's scores depend on the position ----------------------
-    def _no_table(self, *args, **kwargs):
-        raise ValueError("model.member = 'nichani' computes in estimator.layout = 'positions' only")
-
-    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
-    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
 
     # -- the positions layout ------------------------------------------------------------------
     @property

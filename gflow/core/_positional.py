@@ -1,0 +1,51 @@
+"""The members whose first layer depends on the position itself (absolute positional bands,
+Nichani et al.'s causal scores, Edelman et al.'s offset weights): they compute in the positions
+layout only, and share everything but their first layer and readout
+(:class:`AbstractPositionalModel`)."""
+
+from __future__ import annotations
+
+from ._family import AbstractModel
+from ._ops import c_shares
+
+
+class AbstractPositionalModel(AbstractModel):
+    """A member computed in ``estimator.layout = "positions"`` only, its selector the paper's C
+    (its shares ``c/Σc``), each head reading the offset of its number. Its concrete methods are
+    final; a member implements its blocks, stages, the copier the events read and the positions
+    layout's κ and readout."""
+
+    @property
+    def span(self) -> int:
+        return self.model.M
+
+    @property
+    def own_token(self) -> bool:
+        return False
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return ("positions",)
+
+    def auto_layout(self, d: int) -> str:
+        return "positions"
+
+    @property
+    def has_table_hessian(self) -> bool:
+        return False
+
+    def shares(self, blocks):
+        return c_shares(blocks["C"])
+
+    def heads_of(self, S):
+        return tuple(S)
+
+    def set_offsets(self, S):
+        return tuple(S)
+
+    # -- no table layouts: κ depends on the position -----------------------------------------------
+    def _no_table(self, *args, **kwargs):
+        raise ValueError(f"model.member = {self.name!r} computes in estimator.layout = 'positions' only")
+
+    counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
+    counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
