@@ -85,6 +85,7 @@ from .theory import StageIIILaw as StageIIILaw
 from .theory import StageIRates as StageIRates
 from .theory import Theory as Theory
 from .theory import format_theory as format_theory
+from .theory import graph_chi2_mi as graph_chi2_mi
 from .theory import loss_ladder as loss_ladder
 from .theory import theory_report as theory_report
 from .trajectory import RunFolderError as RunFolderError

@@ -236,3 +236,19 @@ def test_attention_along_the_sequence_for_every_positional_member():
     assert abs(gflow.attention(traj, 0)[0, 5, 4] - s[0, 0]) <= 1e-15
     with pytest.raises(ValueError, match="outside the run's"):
         gflow.attention(traj, len(traj.ts))
+
+
+def test_graph_chi2_mi_follows_the_data_processing_inequality():
+    """Along the chain the information falls with the distance (strictly, for generic kernels);
+    positions of different roots (icl pairs) share none; the unigram prior's i.i.d. tokens none."""
+    from gflow.theory import graph_chi2_mi
+
+    chain = graph_chi2_mi(_graph(d=3, L=8, alpha=1.0, graph="chain"), n_pi=40)
+    for i in range(2, 7):
+        row = chain[i, :i][::-1]  # distance 1, 2, …
+        assert np.all(np.diff(row) < 0) and row[-1] > 0
+    icl = graph_chi2_mi(_graph(d=3, L=8, alpha=1.0, graph="icl"), n_pi=40)
+    assert icl[1, 0] > 0 and icl[3, 2] > 0 and icl[3, 1] == 0 and icl[2, 1] == 0
+    np.testing.assert_allclose(icl[1, 0], chain[1, 0], rtol=1e-12)  # one edge, the same kernels
+    uni = graph_chi2_mi(_graph(d=3, L=8, alpha=1.0, graph="chain", prior="unigram"), n_pi=10)
+    assert np.max(np.abs(uni)) < 1e-10

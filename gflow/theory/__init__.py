@@ -17,6 +17,7 @@ from ._gih import gih_ode as gih_ode
 from ._gih import limit_loss as limit_loss
 from ._gih import make_gih as make_gih
 from ._gih import stage3_law as stage3_law
+from ._graph import graph_chi2_mi as graph_chi2_mi
 from ._ladder import RUNGS as RUNGS
 from ._ladder import Ladder as Ladder
 from ._ladder import format_ladder as format_ladder

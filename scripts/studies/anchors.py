@@ -148,12 +148,23 @@ def nichani(out: Path, graph: str) -> dict:
     p0 = gflow.core.init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L)
     g = -np.asarray(jax.grad(lambda q: loss(q))(p0).get("A1"))[0]
     at_parent = [bool(np.argmax(g[i, :i]) == par[i] - 1) for i in kids if i >= 1]
+    # the order of every row's gradient against the χ²-MI between x_i and x_j (pairs of earlier
+    # positions with different informations: the fraction ordered alike)
+    mi = gflow.graph_chi2_mi(cfg.data, n_pi=500)
+    agree = total = 0
+    for i in range(1, cfg.data.L - 1):
+        for j in range(i):
+            for k in range(j + 1, i):
+                if abs(mi[i, j] - mi[i, k]) > 1e-9:
+                    total += 1
+                    agree += (mi[i, j] > mi[i, k]) == (g[i, j] > g[i, k])
     lad = gflow.loss_ladder(loss, cfg.data, S=(1,), params=gflow.core.Params.from_blocks(
         {b: jnp.asarray(v) for b, v in traj.state(-1).items()}), estimator=cfg.estimator)  # fmt: skip
     return {
         "graph": graph, "parents": par.tolist(),
         "attention_on_parent_end_of_II": {"mean": float(onpar[iend].mean()), "min": float(onpar[iend].min())},
         "mean_crosses_half_at": cross, "grad_argmax_at_parent_at_t0": f"{sum(at_parent)}/{len(at_parent)}",
+        "grad_order_as_chi2_mi_at_t0": f"{agree}/{total}",
         "loss_start": float(traj.loss[0]), "loss_end": float(traj.loss[-1]),
         "bayes": float(lad.values["bayes"].mean()), "oracle": float(lad.values["oracle"].mean()),
         "flow_minus_bayes": lad.gap("flow", "bayes"),
