@@ -14,6 +14,7 @@ jax.config.update("jax_enable_x64", True)
 from .core import AbsoluteModel as AbsoluteModel
 from .core import AbstractModel as AbstractModel
 from .core import AbstractPositionalModel as AbstractPositionalModel
+from .core import AbstractSelectorPositionalModel as AbstractSelectorPositionalModel
 from .core import AbstractWindowModel as AbstractWindowModel
 from .core import BilinearModel as BilinearModel
 from .core import DataConfig as DataConfig

@@ -75,6 +75,7 @@ from ._paper import sparse_window_blocks as sparse_window_blocks
 from ._paper import window_code_count as window_code_count
 from ._paper import window_weights as window_weights
 from ._positional import AbstractPositionalModel as AbstractPositionalModel
+from ._positional import AbstractSelectorPositionalModel as AbstractSelectorPositionalModel
 from ._priors import PRIORS as PRIORS
 from ._priors import AbstractPrior as AbstractPrior
 from ._priors import prior_of as prior_of

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._member_edelman import offset_attention
+from ._member_nichani import causal_attention
 from ._model import ModelConfig
-
-
-def _softmax(z):
-    z = np.asarray(z, np.float64)
-    e = np.exp(z - z.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
+from ._ops import softmax_any
 
 
 def sequence_attention(model: ModelConfig, blocks: dict, L: int) -> np.ndarray:
@@ -33,21 +30,18 @@ def sequence_attention(model: ModelConfig, blocks: dict, L: int) -> np.ndarray:
     if m in ("token", "full"):
         raise ValueError(f"model.member = {m!r}: its first layer reads the tokens, so its attention depends on the "
                          "sequence and has no (H, L, L) form from θ alone")  # fmt: skip
-    out = np.zeros((model.H, L, L))
-    lpos, jpos = np.arange(L)[:, None], np.arange(L)[None, :]
     if m == "nichani":
-        A = np.asarray(blocks["A1"], np.float64)
-        return _softmax(np.where(jpos <= lpos, A, -np.inf))
+        return causal_attention(np.asarray(blocks["A1"], np.float64))
     if m == "edelman":
-        v = np.asarray(blocks["v"], np.float64)
-        return _softmax(np.where(jpos <= lpos, v[np.clip(lpos - jpos, 0, L - 1)], -np.inf))[None]
+        return offset_attention(np.asarray(blocks["v"], np.float64), L)[None]
+    out = np.zeros((model.H, L, L))
     if m == "absolute":
-        s = _softmax(blocks["pos"])[:, :L]  # (H, L, M): position l's weights over offsets 1..M
+        s = softmax_any(np.asarray(blocks["pos"], np.float64))[:, :L]  # (H, L, M): position l's weights over offsets 1..M
         for k in range(model.M):
             rows = np.arange(k + 1, L)
             out[:, rows, rows - (k + 1)] = s[:, rows, k]
         return out
-    s = _softmax(blocks["w"])  # (H, M)
+    s = softmax_any(np.asarray(blocks["w"], np.float64))  # (H, M)
     for h in range(model.H):
         first = h + 1 if model.windows == "shifted" else 1  # head h+1's window starts at this offset
         for k in range(model.M):

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _paper
 from ._ops import sequence_loss, softmax_any
-from ._positional import AbstractPositionalModel
+from ._positional import AbstractSelectorPositionalModel
 from ._registry import register
 
 
@@ -32,7 +32,7 @@ def toeplitz_defect(pos) -> float:
 
 
 @register
-class AbsoluteModel(AbstractPositionalModel):
+class AbsoluteModel(AbstractSelectorPositionalModel):
     """The paper's model with absolute positional embeddings (see the module docstring)."""
 
     name = "absolute"
@@ -62,14 +62,8 @@ class AbsoluteModel(AbstractPositionalModel):
     def readout_blocks(self):
         return ("a",)
 
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
     def query_attention(self, blocks):
         return softmax_any(blocks["pos"][..., -1, :])
-
-
 
     # -- the positions layout ------------------------------------------------------------------
     @property
@@ -90,13 +84,6 @@ class AbsoluteModel(AbstractPositionalModel):
         Gm = G.reshape(G.shape[0], M, M)  # [l, i, j] = 1{x_{q−i} = x_{l−j}}
         inner = jnp.einsum("hi,lij,hlj->lh", sq, Gm, sk)
         return _paper.subset_products(inner, self.model.membership)
-
-    def positions_from_products(self, C, products):
-        c = C**2
-        return products @ c / c.sum()
-
-    def positions_z(self, p, X, G, Gs, d):
-        return self.positions_from_products(p.C, self.positions_products(p, X, G, Gs, d))
 
     def positions_readout(self, p, z, X, cond, eps, kind):
         return sequence_loss(_paper.predict_from_kappa(p.a, z, X, cond.shape[-1]), cond, eps, kind)

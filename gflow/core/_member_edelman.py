@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._ops import sequence_loss
+from ._ops import sequence_loss, softmax_any
 from ._positional import AbstractPositionalModel
 from ._registry import register
 
@@ -42,11 +42,13 @@ def offset_attention(v, L: int):
     masked): numpy in, numpy out; JAX in, JAX out."""
     xp = jnp if isinstance(v, jax.Array) else np
     s, j = np.arange(L)[:, None], np.arange(L)[None, :]
-    past = j <= s
-    A = xp.where(past, v[..., np.clip(s - j, 0, L - 1)], -xp.inf)
-    A = A - A.max(-1, keepdims=True)
-    e = xp.exp(A)
-    return e / e.sum(-1, keepdims=True)
+    return softmax_any(xp.where(j <= s, v[..., np.clip(s - j, 0, L - 1)], -xp.inf))
+
+
+def logits(W, h, X, d: int):
+    """Layer 2: ``Σ_{s≤L} (x_Lᵀ W h_s) e(x_s)`` from layer 1's outputs ``h`` ``(L, d)``."""
+    E = jax.nn.one_hot(X, d, dtype=h.dtype)
+    return E.T @ (h @ W.T @ E[-1])
 
 
 @register
@@ -94,8 +96,6 @@ class EdelmanModel(AbstractPositionalModel):
         cols = [row[..., L - 1 - j] if j < L else xp.zeros(row.shape[:-1]) for j in range(1, self.model.M + 1)]
         return xp.stack(cols, axis=-1)[..., None, :]
 
-
-
     positions_products = positions_from_products = AbstractPositionalModel._no_table  # no selector to cache
 
     # -- the positions layout: z is layer 1's output h, (L, d) -------------------------------------
@@ -118,7 +118,4 @@ class EdelmanModel(AbstractPositionalModel):
         if kind != "ce_on_probs":
             raise ValueError("model.member = 'edelman' outputs logits: estimator.loss must be 'ce_on_probs' (their "
                              f"cross-entropy), got {kind!r}")  # fmt: skip
-        d = cond.shape[-1]
-        E = jax.nn.one_hot(X, d, dtype=z.dtype)
-        score = z @ p.get("W").T @ E[-1]  # x_Lᵀ W h_s, (L,)
-        return sequence_loss(E.T @ score, cond, eps, kind)
+        return sequence_loss(logits(p.get("W"), z, X, cond.shape[-1]), cond, eps, kind)

@@ -35,35 +35,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _paper
-from ._ops import sequence_loss
-from ._positional import AbstractPositionalModel
+from ._ops import sequence_loss, softmax_any
+from ._positional import AbstractSelectorPositionalModel
 from ._registry import register
 
 
 def causal_attention(A):
-    """``softmax_{j≤l}(A[..., l, j])`` over the last axis, the future masked: ``(..., L, L)``."""
+    """``softmax_{j≤l}(A[..., l, j])`` over the last axis, the future masked: ``(..., L, L)``
+    (numpy in, numpy out; JAX in, JAX out)."""
+    xp = jnp if isinstance(A, jax.Array) else np
     L = A.shape[-1]
-    mask = np.tril(np.ones((L, L), bool))
-    return jax.nn.softmax(jnp.where(mask, A, -jnp.inf), axis=-1)
-
-
-def offset_attention(A, M: int):
-    """The attention of a position on the position ``j = 1..M`` before it, averaged over the
-    positions that have one, ``(H, M)`` (numpy in, numpy out)."""
-    A = np.asarray(A, np.float64)
-    L = A.shape[-1]
-    z = np.where(np.tril(np.ones((L, L), bool)), A, -np.inf)
-    s = np.exp(z - z.max(-1, keepdims=True))
-    s = s / s.sum(-1, keepdims=True)
-    out = np.zeros(A.shape[:-2] + (M,))
-    for j in range(1, M + 1):
-        if j < L:
-            out[..., j - 1] = np.diagonal(s, offset=-j, axis1=-2, axis2=-1).mean(-1)
-    return out
+    return softmax_any(xp.where(np.tril(np.ones((L, L), bool)), A, -xp.inf))
 
 
 @register
-class NichaniModel(AbstractPositionalModel):
+class NichaniModel(AbstractSelectorPositionalModel):
     """Nichani et al.'s reduced model (see the module docstring)."""
 
     name = "nichani"
@@ -97,21 +83,13 @@ class NichaniModel(AbstractPositionalModel):
     def readout_blocks(self):
         return ("a",)
 
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
     def query_attention(self, blocks):
         A = blocks["A1"]
-        if isinstance(A, jax.Array):
-            L = A.shape[-1]
-            s = causal_attention(A)
-            cols = [jnp.diagonal(s, offset=-j, axis1=-2, axis2=-1).mean(-1) if j < L else jnp.zeros(A.shape[:-2])
-                    for j in range(1, self.model.M + 1)]  # fmt: skip
-            return jnp.stack(cols, axis=-1)
-        return offset_attention(A, self.model.M)
-
-
+        xp = jnp if isinstance(A, jax.Array) else np
+        L, s = A.shape[-1], causal_attention(A)
+        cols = [xp.diagonal(s, offset=-j, axis1=-2, axis2=-1).mean(-1) if j < L else xp.zeros(A.shape[:-2])
+                for j in range(1, self.model.M + 1)]  # fmt: skip
+        return xp.stack(cols, axis=-1)
 
     # -- the positions layout ------------------------------------------------------------------
     @property
@@ -129,13 +107,6 @@ class NichaniModel(AbstractPositionalModel):
         match = (X == X[-1]).astype(A.dtype)  # 1{x_j = x_L}
         inner = jnp.einsum("hlj,j->lh", causal_attention(A), match)  # ⟨e(x_L), v_l^(h)⟩
         return _paper.subset_products(inner, self.model.membership)
-
-    def positions_from_products(self, C, products):
-        c = C**2
-        return products @ c / c.sum()
-
-    def positions_z(self, p, X, G, Gs, d):
-        return self.positions_from_products(p.C, self.positions_products(p, X, G, Gs, d))
 
     def positions_readout(self, p, z, X, cond, eps, kind):
         # layer 2's keys are the positions before the query (the query is not its own key)

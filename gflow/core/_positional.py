@@ -1,7 +1,8 @@
 """The members whose first layer depends on the position itself (absolute positional bands,
 Nichani et al.'s causal scores, Edelman et al.'s offset weights): they compute in the positions
 layout only, and share everything but their first layer and readout
-(:class:`AbstractPositionalModel`)."""
+(:class:`AbstractPositionalModel`); those whose κ is the selector's average of per-set products
+(absolute, nichani) share that too (:class:`AbstractSelectorPositionalModel`)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ class AbstractPositionalModel(AbstractModel):
 
     counts_table = counts_row = counts_pullback = sparse_table = sparse_jacobian = sparse_pullback = _no_table
     counts_products = counts_from_products = sparse_products = sparse_from_products = readout = _no_table
+
+
+class AbstractSelectorPositionalModel(AbstractPositionalModel):
+    """A positions-only member whose κ is the paper's selector average of per-set products,
+    ``κ_l = Σ_S c_S P[l, S] / Σc`` with ``c = C²``: a member implements the products
+    (:meth:`positions_products`, C-independent, so a Stage I caches them) and its readout."""
+
+    @property
+    def caches_selector(self) -> bool:
+        return True
+
+    def positions_from_products(self, C, products):
+        c = C**2
+        return products @ c / c.sum()
+
+    def positions_z(self, p, X, G, Gs, d):
+        return self.positions_from_products(p.C, self.positions_products(p, X, G, Gs, d))

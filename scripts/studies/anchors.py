@@ -37,8 +37,7 @@ jax.config.update("jax_enable_x64", True)
 import gflow  # noqa: E402
 from gflow.config import load_config  # noqa: E402
 from gflow.core import graph_parents, make_loss, sample  # noqa: E402
-from gflow.core._member_edelman import offset_attention  # noqa: E402
-from gflow.core._member_nichani import causal_attention  # noqa: E402
+from gflow.core._member_edelman import logits  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,9 +80,7 @@ def edelman(out: Path, prior: str) -> dict:
         p = gflow.core.init_params(model, d=data.d, L=data.L).with_blocks({"v": v, "W": W})
 
         def one(x):
-            h = member.positions_z(p, x, None, None, data.d)
-            E = jax.nn.one_hot(x, data.d, dtype=h.dtype)
-            return jax.nn.softmax(E.T @ (h @ W.T @ E[-1]))
+            return jax.nn.softmax(logits(W, member.positions_z(p, x, None, None, data.d), x, data.d))
 
         return jax.vmap(one)(smp.X)
 
@@ -94,7 +91,7 @@ def edelman(out: Path, prior: str) -> dict:
         st = traj.state(i)
         q = np.asarray(predict(jnp.asarray(st["v"]), jnp.asarray(st["W"])))
         kl.append([float((S[k] * np.log(S[k] / q)).sum(-1).mean()) for k in range(3)])
-        att1.append(float(offset_attention(np.asarray(st["v"]), data.L)[-1, -2]))
+        att1.append(float(gflow.attention(traj, i)[0, -1, -2]))
         W = np.asarray(st["W"])
         off = (W.sum() - np.trace(W)) / (d * (d - 1))
         Wparts.append([float(np.trace(W) / d - off), float(off)])
@@ -136,7 +133,7 @@ def nichani(out: Path, graph: str) -> dict:
     ts = np.asarray(traj.ts)
     onpar = []
     for i in range(len(ts)):
-        s = np.asarray(causal_attention(jnp.asarray(traj.state(i)["A1"])))[0]
+        s = gflow.attention(traj, i)[0]
         onpar.append(s[kids, par[kids] - 1])
     onpar = np.array(onpar)
     II = next(r for r in traj.stages if r.name == "II")
