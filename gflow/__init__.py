@@ -79,6 +79,7 @@ from .runs import plot_run as plot_run
 from .runs import run_phase as run_phase
 from .runs import run_replicates as run_replicates
 from .runs import run_sweep as run_sweep
+from .runs import strategies as strategies
 from .theory import ChiSquaredRanking as ChiSquaredRanking
 from .theory import Ladder as Ladder
 from .theory import Stage1Duration as Stage1Duration

@@ -507,7 +507,7 @@ def run_status(out: str | Path) -> str:
 
 
 # The figures of a run (gflow.figures draws them; the run layer cleans their temporaries)
-FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")
+FIGURE_NAMES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary", "strategies")
 
 
 # ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from gflow.figures._base import SIZE_SINGLE
 from gflow.theory._theory import ChiSquaredRanking, Stage1Duration, StageIIILaw, StageIRates, Theory
 from gflow.trajectory import StageRecord, Trajectory, save
 
-NAMES = ["c_frac", "copier", "a_vs_logt", "rate", "loss", "summary"]
+NAMES = ["c_frac", "copier", "a_vs_logt", "rate", "loss", "summary", "strategies"]
 ETA_A = 2.0  # not 1, so that a missing η_a factor in the rate would show
 T0_III = 105.0  # Stage III starts late: plotting against t instead of τ would show
 

@@ -35,7 +35,7 @@ TINY = ["--param", "data.L=30", "--param", "estimator.N=500"]
 # per shipped configuration, what else makes it tiny (the official Full run: 40 Euler steps)
 TINY_EXTRA = {"official_full.toml": ["--param", "schedule.t1=0.2"], "edelman.toml": ["--param", "schedule.t1=20"],
               "nichani.toml": ["--param", "schedule.durations=[1,1000,1000]"]}  # fmt: skip
-FIGURES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary")
+FIGURES = ("c_frac", "copier", "a_vs_logt", "rate", "loss", "summary", "strategies")
 
 
 def _finished(out: Path) -> dict:

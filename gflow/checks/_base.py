@@ -148,7 +148,7 @@ class Ctx:
     def gih(self, S):
         S = tuple(S)
         if S not in self._gih:
-            self._gih[S] = make_gih(self.loss, S)
+            self._gih[S] = make_gih(self.loss.at_last_position(), S)  # a last-position law
         return self._gih[S]
 
     def stage(self, name: str):

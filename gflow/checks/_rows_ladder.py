@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..core import Params, kernel_conditional
-from ..theory import RUNGS, loss_ladder
+from ..theory import RUNGS, STRATEGIES, STRATEGY_RUNGS, loss_ladder, sample_tokens, strategies_along
 from ._base import Ctx
 from ._report import decided_row
 
@@ -51,14 +51,45 @@ def rows_ladder(ctx: Ctx) -> None:
     ctx.info(
         "ladder: oracle, Bayes, GIH (selected set, best a), unigram, flow at the end",
         None, [lad.mean(k) for k in names],
-        f"losses on the run's sample, SEs {[round(lad.se(k), 5) for k in names]}; Bayes "
+        f"losses on the run's sample{'' if 'gih' in names else ' (no GIH: the loss is at every position)'}, SEs "
+        f"{[round(lad.se(k), 5) for k in names]}; Bayes "
         + ("is exactly Bayes-optimal here" if lad.bayes_optimal else "drops the start's likelihood (stationary start)"),
         "finite",
     )  # fmt: skip
+    strat = [k for k in STRATEGY_RUNGS if k in lad.values]
+    if strat:
+        ctx.info("ladder: Edelman et al.'s strategies uniform, unigram+1, bigram+1", None, [lad.mean(k) for k in strat],
+                 f"add-one counts, scored as the run's loss; SEs {[round(lad.se(k), 5) for k in strat]}", "finite")  # fmt: skip
     for a, label in (("flow", "flow − Bayes"), ("gih", "GIH − Bayes")):
+        if a not in lad.values:  # no GIH rung with the loss at every position
+            continue
         m, s = lad.gap(a, "bayes")
         ctx.info(f"ladder: {label}", None, m, f"paired SE {s:.2g}", "finite")
     cap = lad.captured()
     if cap is not None:
         ctx.info("ladder: captured (unigram − flow)/(unigram − Bayes)", None, cap[0],
                  f"delta-method SE {cap[1]:.2g}", "finite")  # fmt: skip
+
+
+#: the most saved times the strategies' rows evaluate the model at (evenly spaced, and the last)
+STRATEGY_TIMES = 100
+
+
+def rows_strategies(ctx: Ctx) -> None:
+    """Informational (finite): the run's phases (Edelman et al.'s strategies: the stretches of
+    saved time where one strategy's mean KL to the model is the smallest by a factor 2) and each
+    strategy's KL at the end (``gflow.strategies``; at most :data:`STRATEGY_TIMES` saved times)."""
+    tr, dt = ctx.traj, ctx.loss.eps.dtype
+    n = len(tr.ts)
+    if n == 0:
+        ctx.skip("strategies", "the run has no saved time")
+        return
+    every = -(-n // STRATEGY_TIMES)
+    idx = sorted(set(range(0, n, every)) | {n - 1})
+    thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in tr.state(i).items()}) for i in idx)
+    s = strategies_along(ctx.loss, sample_tokens(ctx.cfg), thetas, tr.ts[idx])
+    phases = " → ".join(f"{k} [{a:.3g}, {b:.3g}]" for k, a, b in s["phases"]) or "none"
+    ctx.info("strategies: phases (the strategy closest to the model by a factor 2, over t)", None, phases,
+             f"mean KL(strategy ‖ model) at {len(idx)} saved times; add-one uniform, unigram, bigram", "finite")  # fmt: skip
+    ctx.info("strategies: KL(uniform, unigram, bigram ‖ model) at the end", None,
+             [float(s[f"kl_{k}"][-1]) for k in STRATEGIES], "over the positions where the loss is taken", "finite")  # fmt: skip

@@ -212,7 +212,7 @@ def _row_ce_approach(ctx: Ctx) -> None:
     at the a reached). Wrong answer: p = 0.5."""
     S = ctx.selected
     rec = ctx.stage("III")
-    if ctx.joint or S is None or rec is None:
+    if ctx.joint or S is None or rec is None or ctx.cfg.estimator.positions != "last":
         return
     idx = ctx.rows_of("III")
     law = ctx.th.law(S)

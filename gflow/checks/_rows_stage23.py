@@ -516,6 +516,11 @@ def rows_stage3(ctx: Ctx) -> None:
         ctx.skip("Stage III rows", "the run has no saved Stage III")
         ctx.skip("limit loss", "the run has no saved Stage III")
         return
+    if ctx.cfg.estimator.positions != "last":
+        why = "the GIH law is a last-position law and the loss is taken at every position (estimator.positions)"
+        ctx.skip("Stage III rows", why)
+        ctx.skip("limit loss", why)
+        return
     d = _S3(ctx, S, idx, rec)
     if d.a.size == 0:
         ctx.skip("Stage III rows", "no saved time after the start")

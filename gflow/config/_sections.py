@@ -12,7 +12,7 @@ from typing import Any, Literal, NamedTuple
 import equinox as eqx
 import numpy as np
 
-from ..core import MAX_RELABEL_D, DataConfig, EstimatorConfig, InitConfig, ModelConfig
+from ..core import MAX_RELABEL_D, DataConfig, EstimatorConfig, InitConfig, ModelConfig, check_positions
 from ._limits import (
     LIMITS,
     MAX_KERNEL_DEPTH,
@@ -341,6 +341,7 @@ class Config(eqx.Module):
         if self.model.member == "edelman" and self.estimator.loss != "ce_on_probs":  # its output is logits
             raise ValueError("model.member = 'edelman' outputs logits: estimator.loss must be 'ce_on_probs' (their "
                              f"cross-entropy), got {self.estimator.loss!r}")  # fmt: skip
+        check_positions(self.data, self.model, self.estimator)
         if self.estimator.relabel and self.data.d > MAX_RELABEL_D:
             raise ValueError(f"estimator.relabel averages over the d! relabellings of the tokens and needs "
                              f"data.d <= {MAX_RELABEL_D}, got data.d = {self.data.d}")  # fmt: skip
@@ -518,6 +519,7 @@ KEY_TYPES: dict[str, KeyType] = {
     "estimator.shard": _BOOL,
     "estimator.target": _STR,
     "estimator.relabel": _BOOL,
+    "estimator.positions": _STR,
     "sgd.batch": _INT,
     "sgd.seeds": _INT,
     "sgd.seed": _INT,

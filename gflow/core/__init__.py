@@ -41,7 +41,10 @@ from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats
 from ._loss import PopulationLoss as PopulationLoss
 from ._loss import StageLoss as StageLoss
+from ._loss import check_positions as check_positions
+from ._loss import every_position_members as every_position_members
 from ._loss import kernel_conditional as kernel_conditional
+from ._loss import loss_targets as loss_targets
 from ._loss import make_loss as make_loss
 from ._loss import mean_se as mean_se
 from ._loss import relabel_sample as relabel_sample

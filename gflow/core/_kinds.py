@@ -94,6 +94,13 @@ class AbstractDataKind(eqx.Module):
     def bayes_exact(self, data) -> bool:
         """Whether the Bayes rung is the exact posterior predictive of this data."""
 
+    @abc.abstractmethod
+    def every_position(self, data, X, y, pi):
+        """The target of every position ``t = 1..L`` (predicting ``x_{t+1}``; ``x_{L+1} = y``) for
+        ``estimator.positions = "all"``: ``(cond, valid)``, ``cond`` ``(N, L, d)`` the law of
+        ``x_{t+1}`` given the context, ``valid`` ``(L,)`` bool, the positions whose loss is taken;
+        ``ValueError`` when this kind takes its loss at the query only."""
+
     def check_options(self, data) -> None:
         """Refuse an option of another kind (final)."""
         for name, default in KIND_OPTIONS.items():
@@ -123,6 +130,12 @@ class NgramKind(AbstractDataKind):
 
     def bayes_exact(self, data) -> bool:
         return data.kernel is None and prior_of(data).bayes_exact(data)
+
+    def every_position(self, data, X, y, pi):
+        """Position t's target is ``π(·|z_{t+1})``, the row of x_{t+1}'s parents
+        ``x_{t+1−p}``; the positions whose next token has every parent in the context
+        (``t ≥ max(parents)``) take the loss."""
+        return ngram_every_position(data, X, y, pi)
 
 
 def graph_parents(data) -> np.ndarray:
@@ -194,6 +207,22 @@ class GraphKind(AbstractDataKind):
 
     def bayes_exact(self, data) -> bool:
         return False  # the roots are drawn from π's stationary law, which the predictive ignores
+
+    def every_position(self, data, X, y, pi):
+        raise ValueError("estimator.positions = 'all' is not defined for data.kind = 'graph': the task predicts the "
+                         "query's successor only (their loss is at the last position); use estimator.positions = "
+                         "'last'")  # fmt: skip
+
+
+def ngram_every_position(data, X, y, pi):
+    """:meth:`NgramKind.every_position`: ``(cond (N, L, d), valid (L,))``."""
+    L, d = data.L, data.d
+    full = jnp.concatenate([jnp.asarray(X), jnp.asarray(y)[:, None].astype(X.dtype)], axis=1)  # x_1..x_{L+1}
+    t = np.arange(1, L + 1)  # position t predicts x_{t+1}, at 0-based index t of `full`
+    zw = d ** np.arange(len(data.parents) - 1, -1, -1)
+    codes = sum(full[:, np.maximum(t - p, 0)] * int(w) for p, w in zip(data.parents, zw))  # (N, L)
+    cond = jnp.take_along_axis(jnp.asarray(pi), codes[:, :, None], axis=1)  # (N, L, d)
+    return cond, t >= max(data.parents)
 
 
 @eqx.filter_jit

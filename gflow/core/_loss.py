@@ -13,6 +13,7 @@ layout, which computes with the member's primitives.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Literal
 
@@ -24,6 +25,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._data import DataConfig, Sample, sample
 from ._features import LAYOUTS, features
+from ._kinds import kind_of
 from ._member_paper import table_layout
 from ._members import member_of
 from ._model import ModelConfig, Params
@@ -32,6 +34,7 @@ _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
 _LAYOUTS = ("auto",) + LAYOUTS
 _TARGETS = ("expected", "drawn")
+POSITIONS = ("last", "all")
 
 
 class EstimatorConfig(eqx.Module):
@@ -71,6 +74,12 @@ class EstimatorConfig(eqx.Module):
       (extension, docs/theory/mathematics.md §M10: each sequence enters once per permutation
       of ``[d]``, so the estimator has the population loss's relabelling symmetry exactly;
       ``d!`` times the cost; ``d <= 5``). Default false.
+    - `positions`: where the loss is taken: ``"last"`` (default, the paper's: the query ``x_L``
+      predicts ``x_{L+1}``) or ``"all"`` (extension, as Edelman et al. and Bietti et al. train: every
+      position t predicts ``x_{t+1}``, the sequence's loss the mean over the positions whose next
+      token has all its parents in the context, ``t >= max(data.parents)``). ``"all"`` needs a
+      member that predicts at every position (:func:`every_position_members`: ``edelman``; in
+      the positions layout) and the n-gram data; ``estimator.target`` keeps its meaning at each position.
     """
 
     N: int = eqx.field(static=True, default=10_000)
@@ -83,6 +92,7 @@ class EstimatorConfig(eqx.Module):
     shard: bool = eqx.field(static=True, default=False)
     target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")
     relabel: bool = eqx.field(static=True, default=False)
+    positions: Literal["last", "all"] = eqx.field(static=True, default="last")
 
     def __check_init__(self):
         if not isinstance(self.N, (int, np.integer)) or self.N < 1:
@@ -105,6 +115,8 @@ class EstimatorConfig(eqx.Module):
             raise ValueError(f"estimator.target must be one of {_TARGETS}, got {self.target!r}")
         if self.relabel is not True and self.relabel is not False:
             raise ValueError(f"estimator.relabel must be true or false, got {self.relabel!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"estimator.positions must be one of {POSITIONS}, got {self.positions!r}")
 
     @property
     def jdtype(self):
@@ -199,6 +211,17 @@ class PopulationLoss(eqx.Module):
 
     def __call__(self, params: Params) -> Float[Array, ""]:
         return jnp.mean(self.per_sequence(params))
+
+    def at_last_position(self) -> PopulationLoss:
+        """This estimator with the loss at the last position only, on the same sample (itself when
+        it is already there): the target of every sequence's last row, unweighted
+        (``estimator.positions = "all"``; the last position always takes the loss). The GIH and
+        the paper's laws are last-position laws."""
+        cond = self.feats.cond
+        if cond.ndim == 2:
+            return self
+        last = cond[:, -1]
+        return eqx.tree_at(lambda l_: l_.feats.cond, self, last / last.sum(-1, keepdims=True))
 
     def value_and_grad(self, params: Params) -> tuple[Float[Array, ""], Params]:
         return jax.value_and_grad(self.__call__)(params)
@@ -348,6 +371,48 @@ def relabel_sample(smp: Sample, data: DataConfig) -> Sample:
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *out)
 
 
+def every_position_members() -> tuple[str, ...]:
+    """The members that predict at every position (``estimator.positions = "all"``)."""
+    from ._registry import MEMBERS
+
+    return tuple(sorted(n for n, c in MEMBERS.items() if c.every_position))
+
+
+def check_positions(data: DataConfig, model: ModelConfig, estimator: EstimatorConfig) -> None:
+    """``ValueError`` naming the key when ``estimator.positions`` cannot be taken with this data,
+    member and layout (before any compute)."""
+    if estimator.positions == "last":
+        return
+    m = member_of(model)
+    if not m.every_position:
+        raise ValueError(f"estimator.positions = 'all' needs a member that predicts at every position, "
+                         f"model.member in {every_position_members()}; model.member = {model.member!r} "
+                         f"predicts at the last position only")  # fmt: skip
+    if estimator.layout not in ("auto", "positions"):
+        raise ValueError(f"estimator.positions = 'all' is computed in estimator.layout = 'positions' (or 'auto'), "
+                         f"got {estimator.layout!r}")  # fmt: skip
+    if data.kind == "graph":
+        kind_of(data).every_position(data, None, None, None)  # its refusal
+
+
+def loss_targets(smp: Sample, data: DataConfig, estimator: EstimatorConfig):
+    """The loss's target of every sequence of `smp`: ``(N, d)`` at the last position
+    (``π(·|z_q)``, or ``e(y)`` for ``estimator.target = "drawn"``), or with
+    ``estimator.positions = "all"`` ``(N, L, d)``, position t's target (``π(·|z_{t+1})`` or
+    ``e(x_{t+1})``) weighted by ``1/#positions`` on the positions whose loss is taken and 0
+    elsewhere, so the sequence's loss is the sum over its rows."""
+    if estimator.positions == "last":
+        if estimator.target == "drawn":
+            return jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype)
+        return smp.cond
+    cond, valid = kind_of(data).every_position(data, smp.X, smp.y, smp.pi)
+    if estimator.target == "drawn":
+        nxt = jnp.concatenate([smp.X[:, 1:], smp.y[:, None].astype(smp.X.dtype)], axis=1)
+        cond = jax.nn.one_hot(nxt, data.d, dtype=smp.cond.dtype)
+    w = jnp.asarray(valid / valid.sum(), smp.cond.dtype)
+    return cond.astype(smp.cond.dtype) * w[None, :, None]
+
+
 def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
     """``π(·|z_q)`` of every sequence of the sample :func:`make_loss` draws, when the
     loss's target is not it (``estimator.target = "drawn"``: the target is the drawn
@@ -359,7 +424,7 @@ def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
     smp = sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
     if estimator.relabel:
         smp = relabel_sample(smp, data)
-    return smp.cond
+    return loss_targets(smp, data, dataclasses.replace(estimator, target="expected"))
 
 
 def make_loss(
@@ -378,7 +443,8 @@ def make_loss(
     features and the loss use ``estimator.dtype``. ``estimator.shard``
     shards the sequence axis over the devices; ``estimator.chunk`` bounds the
     working memory. ``estimator.target = "drawn"`` replaces ``π(·|z_q)`` by
-    ``e(y)`` (the sample's own ``x_{L+1}``); ``estimator.relabel`` averages over the d!
+    ``e(y)`` (the sample's own ``x_{L+1}``); ``estimator.positions = "all"`` takes the loss at
+    every position (:func:`loss_targets`); ``estimator.relabel`` averages over the d!
     relabellings of the tokens. The counts layout tabulates the
     ``(d+1)**model.span`` windows of every offset the copier reads; the
     sparse layout only the windows a sequence can show. `drawn`: that sample, when the
@@ -388,13 +454,13 @@ def make_loss(
     if key is None:
         key = jax.random.key(estimator.seed)
     dt = estimator.jdtype
+    check_positions(data, model, estimator)
     layout = resolve_layout(estimator.layout, data.d, model)
     member = member_of(model)
     smp = sample(data, estimator.N, key=key, dtype=jnp.float64) if drawn is None else drawn
     if estimator.relabel:
         smp = relabel_sample(smp, data)
-    if estimator.target == "drawn":
-        smp = eqx.tree_at(lambda s: s.cond, smp, jax.nn.one_hot(smp.y, data.d, dtype=smp.cond.dtype))
+    smp = eqx.tree_at(lambda s: s.cond, smp, loss_targets(smp, data, estimator))
     feats = features(smp, member, layout=layout, dtype=dt)
     if estimator.shard:
         feats = shard_features(feats)

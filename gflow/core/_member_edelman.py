@@ -18,7 +18,9 @@ counts the context's unigram, the I part the bigram through layer 1's copy of th
 
 Choices: the future is masked (the repository discards its ``masked_fill`` result, so its layer 1
 also reads the future positions, which a causal model must not); the loss is taken where
-``estimator`` takes it (the last token today). The model has no selector (its one set is {1},
+``estimator.positions`` takes it: the last token, or (``"all"``, as they train) every position t,
+whose logits are ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s)`` (:func:`logits_all`), at the cost of the last
+token's (layer 1 computes every h_s either way). The model has no selector (its one set is {1},
 ``model.H = model.D = 1``), so a staged run's Stage I ends at its start; Stage II trains v,
 Stage III W, and the joint schedule both (v at ``eta_w``, W at ``eta_a``), as they train.
 """
@@ -51,6 +53,14 @@ def logits(W, h, X, d: int):
     return E.T @ (h @ W.T @ E[-1])
 
 
+def logits_all(W, h, X, d: int):
+    """Layer 2 at every position t: ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s)``, ``(L, d)`` (row t)."""
+    E = jax.nn.one_hot(X, d, dtype=h.dtype)
+    L = X.shape[-1]
+    scores = jnp.where(np.tril(np.ones((L, L), bool)), E @ W @ h.T, 0.0)  # (t, s): x_tᵀ W h_s, s ≤ t
+    return scores @ E
+
+
 @register
 class EdelmanModel(AbstractPositionalModel):
     """Edelman et al.'s minimal model (see the module docstring)."""
@@ -59,6 +69,7 @@ class EdelmanModel(AbstractPositionalModel):
     options = ()
     token_component = False
     empty_set = False
+    every_position = True
 
     @classmethod
     def check_config(cls, model) -> None:
@@ -118,4 +129,6 @@ class EdelmanModel(AbstractPositionalModel):
         if kind != "ce_on_probs":
             raise ValueError("model.member = 'edelman' outputs logits: estimator.loss must be 'ce_on_probs' (their "
                              f"cross-entropy), got {kind!r}")  # fmt: skip
+        if cond.ndim == 2:  # estimator.positions = "all": every position's weighted target
+            return sequence_loss(logits_all(p.get("W"), z, X, cond.shape[-1]), cond, eps, kind)
         return sequence_loss(logits(p.get("W"), z, X, cond.shape[-1]), cond, eps, kind)

@@ -20,8 +20,11 @@ def sequence_loss(yhat: Float[Array, " d"], cond: Float[Array, " d"], eps, kind:
 
 def unseen_mass(X, cond: Float[Array, " d"]) -> Float[Array, ""]:
     """``Σ_e π(e|z_q) 1{e absent from x_1..x_L}``: the target mass the model
-    cannot predict for any θ (``ŷ_e = 0``), whose loss is capped by ε."""
-    seen = jax.nn.one_hot(X, cond.shape[-1], dtype=cond.dtype).max(0)
+    cannot predict for any θ (``ŷ_e = 0``), whose loss is capped by ε. With the targets of every
+    position (``cond`` ``(L, d)``, ``estimator.positions = "all"``), position t's mass on the tokens
+    absent from ``x_1..x_t``, summed (the targets carry the positions' weights)."""
+    onehot = jax.nn.one_hot(X, cond.shape[-1], dtype=cond.dtype)
+    seen = onehot.max(0) if cond.ndim == 1 else jax.lax.cummax(onehot, axis=0)
     return jnp.sum(cond * (1.0 - seen))
 
 

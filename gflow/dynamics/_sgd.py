@@ -52,6 +52,7 @@ from ..core import (
     Sample,
     features_time_major,
     init_params,
+    loss_targets,
     make_loss,
     member_of,
     resolve_layout,
@@ -141,10 +142,9 @@ def _fresh_features(cfg: Config, keys, B: int):
     R = keys.shape[0]
     tokens = jnp.moveaxis(tokens, 0, 1).reshape(L + 1, R * B)  # (L+1, R·B), seed-major columns
     cond = cond.reshape(R * B, -1)
-    if cfg.estimator.target == "drawn":  # the sampled x_{L+1}, as make_loss does
-        cond = jax.nn.one_hot(tokens[L], cfg.data.d, dtype=cond.dtype)
     layout = resolve_layout(cfg.estimator.layout, cfg.data.d, cfg.model)
     smp = Sample(X=tokens[:L].T, y=tokens[L], zq=zq.reshape(-1), cond=cond, pi=pi.reshape((R * B,) + pi.shape[2:]))
+    smp = eqx.tree_at(lambda s: s.cond, smp, loss_targets(smp, cfg.data, cfg.estimator))  # as make_loss does
     feats = features_time_major(tokens, smp, cfg.model, layout=layout, dtype=cfg.estimator.jdtype)
     return jax.tree.map(lambda x: x.reshape((R, B) + x.shape[1:]), feats)
 

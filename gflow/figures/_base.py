@@ -143,9 +143,10 @@ def _as_theory(theory):
 
 def stage3_law_of(traj: Trajectory, theory) -> StageIIILaw | None:
     """The GIH law of the set Stage I selected (docs/theory/mathematics.md §M8.1: Stage III follows the
-    selected set), else of the theory's ``S*``."""
+    selected set), else of the theory's ``S*``; ``None`` when the loss is taken at every position
+    (the GIH is a last-position law)."""
     theory = _as_theory(theory)
-    if theory is None:
+    if theory is None or traj.config.estimator.positions != "last":
         return None
     S = selected_set(traj)
     return theory.laws[S] if S in theory.laws else theory.laws.get(theory.S_star)

@@ -263,6 +263,49 @@ def plot_summary(traj: Trajectory, theory: Theory | dict | None = None, *, fig=N
     return root_figure(fig)
 
 
+def _strategies_of(traj: Trajectory, times: int = 100) -> dict:
+    """``gflow.strategies`` of `traj` at most at `times` saved times (and the last)."""
+    import jax.numpy as jnp
+
+    from ..core import Params, make_loss
+    from ..theory import sample_tokens, strategies_along
+
+    cfg, n = traj.config, len(traj.ts)
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    idx = sorted(set(range(0, n, max(1, -(-n // times)))) | {n - 1})
+    thetas = (Params.from_blocks({b: jnp.asarray(v, loss.eps.dtype) for b, v in traj.state(i).items()}) for i in idx)
+    return strategies_along(loss, sample_tokens(cfg), thetas, traj.ts[idx])
+
+
+def plot_strategies(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None, strategies=None):
+    """The mean KL from Edelman et al.'s three strategies (uniform, unigram, bigram, add-one
+    counts) to the model against t (log-log), the run's phases shaded (the strategy closest by a
+    factor 2) and the loss on a second axis (``gflow.strategies``, at most 100 saved times;
+    `strategies`: its result when already computed). The time axis is ``t`` itself: a phase
+    spans stages."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    s = strategies if strategies is not None else _strategies_of(traj)
+    t = s["t"]
+    pos = t > 0
+    colors = {"uniform": "tab:gray", "unigram": "tab:orange", "bigram": "tab:green"}
+    for k, c in colors.items():
+        ax.loglog(t[pos], np.maximum(s[f"kl_{k}"][pos], 1e-12), color=c, lw=1.8, label=f"KL({k} ‖ model)")
+    for k, a, b in s["phases"]:
+        ax.axvspan(max(a, t[pos][0] if pos.any() else a), max(b, a), color=colors[k], alpha=0.12, lw=0)
+    ax.set_xlabel("t")
+    ax.set_ylabel("mean KL over the loss's positions")
+    ax2 = ax.twinx()
+    ax2.semilogx(traj.ts[traj.ts > 0], traj.loss[traj.ts > 0], color="tab:blue", lw=1.0, ls=":", label="loss")
+    ax2.set_ylabel("loss", color="tab:blue")
+    ph = ", ".join(f"{k} [{fmt_g(a)}, {fmt_g(b)}]" for k, a, b in s["phases"]) or "no phase"
+    ax.set_title(f"Edelman et al.'s strategies against the model; phases (×2 closest): {ph}", fontsize=9)
+    ax.legend(loc="lower left", fontsize=8)
+    return root_figure(ax.figure)
+
+
 # ---------------------------------------------------------------------------
 # A run folder
 # ---------------------------------------------------------------------------
@@ -275,6 +318,7 @@ _FIGURES = {
     "rate": plot_rate,
     "loss": plot_loss,
     "summary": plot_summary,
+    "strategies": plot_strategies,
 }
 
 
@@ -284,7 +328,7 @@ def draw_run(
 ) -> list[Path]:
     """Draw every figure of the run saved in `run_dir` into `figdir` (default
     ``run_dir/figures``): ``c_frac``, ``copier``, ``a_vs_logt``, ``rate``,
-    ``loss`` and ``summary``, in format `fmt` (png, svg or pdf; 120 dpi); for a stochastic
+    ``loss``, ``summary`` and ``strategies``, in format `fmt` (png, svg or pdf; 120 dpi); for a stochastic
     run (R seeds) these draw the seed-mean trajectory, and ``seeds`` every seed with their
     mean and spread (:func:`plot_seeds`).
 

@@ -9,7 +9,7 @@ import numpy as np
 from ..core import sequence_attention
 from ..trajectory import Trajectory, load
 
-__all__ = ["attention"]
+__all__ = ["attention", "strategies"]
 
 
 def attention(run: Trajectory | str | Path, i: int = -1) -> np.ndarray:
@@ -24,3 +24,30 @@ def attention(run: Trajectory | str | Path, i: int = -1) -> np.ndarray:
     if not -n <= int(i) < n:
         raise ValueError(f"attention: i = {i} is outside the run's {n} saved times (allowed: {-n}..{n - 1})")
     return sequence_attention(traj.config.model, traj.state(int(i)), traj.config.data.L)
+
+
+def strategies(run: Trajectory | str | Path, *, every: int = 1) -> dict:
+    """The mean KL from Edelman et al.'s three strategies (uniform, unigram, bigram, add-one
+    counts; ``gflow.theory.strategy_kl``) to the model's prediction at the run's saved times, over
+    the run's own sample and the positions where its loss is taken: ``{"t", "kl_uniform",
+    "kl_unigram", "kl_bigram"}`` (arrays over every `every`-th saved time and the last), and
+    ``"phases"``, ``gflow.theory.strategy_phases`` of them (stretches of time where one strategy
+    is closest by a factor 2). Computed from the saved θ (one gradient of the loss in its targets
+    per time), for every member, layout and data kind."""
+    import jax.numpy as jnp
+
+    from ..core import Params, make_loss
+    from ..theory import sample_tokens, strategies_along
+
+    traj = run if isinstance(run, Trajectory) else load(run)
+    cfg = traj.config
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"strategies: every must be an integer >= 1, got {every!r}")
+    n = len(traj.ts)
+    if n == 0:
+        raise ValueError("strategies: the run has no saved time")
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    idx = sorted(set(range(0, n, every)) | {n - 1})
+    dt = loss.eps.dtype
+    thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(i).items()}) for i in idx)
+    return strategies_along(loss, sample_tokens(cfg), thetas, np.asarray(traj.ts)[idx])

@@ -19,6 +19,7 @@ from ._gih import make_gih as make_gih
 from ._gih import stage3_law as stage3_law
 from ._graph import graph_chi2_mi as graph_chi2_mi
 from ._ladder import RUNGS as RUNGS
+from ._ladder import STRATEGY_RUNGS as STRATEGY_RUNGS
 from ._ladder import Ladder as Ladder
 from ._ladder import format_ladder as format_ladder
 from ._ladder import loss_ladder as loss_ladder
@@ -43,5 +44,13 @@ from ._stage1 import predicted_stage1_duration as predicted_stage1_duration
 from ._stage1 import ranking_of_sets as ranking_of_sets
 from ._stage1 import stage1_rates as stage1_rates
 from ._stage1 import unrepresented_parents as unrepresented_parents
+from ._strategies import STRATEGIES as STRATEGIES
+from ._strategies import model_predictions as model_predictions
+from ._strategies import sample_tokens as sample_tokens
+from ._strategies import strategies_along as strategies_along
+from ._strategies import strategy_kl as strategy_kl
+from ._strategies import strategy_losses as strategy_losses
+from ._strategies import strategy_phases as strategy_phases
+from ._strategies import strategy_predictions as strategy_predictions
 from ._text import format_theory as format_theory
 from ._theory import theory_report as theory_report

@@ -22,6 +22,13 @@ own sample, so that the difference of two rungs has a *paired* standard error
 - ``unigram``: the context's unigram ``p(e) = #{l ≤ L : x_l = e} / L``, the
   GIH at ``a = 0`` (for any ``S``).
 - ``flow``: the trained model ``TF(θ)`` at the given parameters.
+- ``uniform``, ``unigram+1``, ``bigram+1``: Edelman et al.'s three strategies (add-one counts
+  of the context's tokens, and of the current token's successors; :mod:`gflow.theory._strategies`).
+
+With the loss at every position (``estimator.positions = "all"``) every rung predicts every
+position t from ``x_1..x_t`` and is scored as the loss weighs the positions: the oracle with
+``π(·|z_{t+1})``, Bayes with the counts of the prefix (positions ``s ≤ t`` whose parents lie in
+it), the unigram with the prefix's; the GIH rung, a last-position law, is left out.
 
 Gaps ``flow − bayes`` and ``gih − bayes`` (and ``unigram − bayes``,
 ``bayes − oracle``) carry the paired SE ``std(ℓ_A − ℓ_B)/√N``; ``captured`` is
@@ -62,22 +69,28 @@ import numpy as np
 from ..core import (
     CountFeatures,
     DataConfig,
+    EstimatorConfig,
     Params,
     PopulationLoss,
     PositionFeatures,
     Sample,
     kind_of,
+    loss_targets,
     prior_of,
+    relabel_sample,
     sequence_loss,
     subset_label,
 )
 from ..core import mean_se as _loss_mean_se
 from ..core import sample as draw_sample
 from ._gih import gih_counts, make_gih
+from ._strategies import strategy_losses
 
 __all__ = ["RUNGS", "Ladder", "bayes_counts", "bayes_predictive", "format_ladder", "gih_argmin", "loss_ladder"]
 
 RUNGS = ("oracle", "bayes", "gih", "unigram", "flow")
+#: Edelman et al.'s strategies as rungs (their name in the ladder)
+STRATEGY_RUNGS = ("uniform", "unigram+1", "bigram+1")
 _GAPS = (("flow", "bayes"), ("gih", "bayes"), ("unigram", "bayes"), ("bayes", "oracle"), ("flow", "gih"))
 
 
@@ -243,7 +256,8 @@ class Ladder:
 
     def to_json(self) -> dict:
         rungs = [
-            {"name": k, "loss": _f(self.mean(k)), "se": _f(self.se(k))} for k in RUNGS if k in self.values
+            {"name": k, "loss": _f(self.mean(k)), "se": _f(self.se(k))} for k in RUNGS + STRATEGY_RUNGS
+            if k in self.values
         ]
         gaps = []
         for a, b in _GAPS:
@@ -305,6 +319,8 @@ def loss_ladder(
     """
     if loss.d != data.d:
         raise ValueError(f"loss_ladder: the estimator has d={loss.d}, the data configuration data.d={data.d}")
+    if np.ndim(loss.feats.cond) == 3:
+        return _every_position_ladder(loss, data, params=params, sample=sample, estimator=estimator)
     kind, eps = loss.kind, float(loss.eps)
     cond = jnp.asarray(loss.feats.cond, jnp.float64)
     score = lambda p, c: _score(p, c, jnp.asarray(eps, jnp.float64), kind)
@@ -338,6 +354,13 @@ def loss_ladder(
     values["unigram"] = np.asarray(gih.per_sequence_loss(jnp.asarray(0.0, jnp.float64)))
     if params is not None:
         values["flow"] = np.asarray(_per_sequence(loss, params), np.float64)
+    try:
+        X = (sample if sample is not None else _tokens_of(loss, data, estimator)).X
+    except ValueError:  # the counts layout and no estimator: the tokens are not known here
+        X = None
+    if X is not None:
+        for rung, v in zip(STRATEGY_RUNGS, strategy_losses(cond, X, eps, kind).values()):
+            values[rung] = v
 
     values = {k: np.asarray(v, np.float64) for k, v in values.items()}
     e_m, e_se = mean_se(ent)
@@ -346,6 +369,72 @@ def loss_ladder(
         values=values, S=tuple(int(h) for h in S), a_gih=a_gih, entropy=e_m, entropy_se=e_se,
         kind=kind, eps=eps, alpha=float(data.alpha), bayes_optimal=optimal,
     )  # fmt: skip
+
+
+def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
+    """:func:`loss_ladder` of a loss taken at every position (module docstring)."""
+    if estimator is None and sample is None:
+        raise ValueError("the ladder of a loss at every position needs the sample's kernels: pass estimator= or sample=")
+    kind, eps = loss.kind, float(loss.eps)
+    if sample is None:
+        sample = draw_sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
+        if estimator.relabel:
+            sample = relabel_sample(sample, data)
+    target = np.asarray(loss.feats.cond, np.float64)
+    est = estimator if estimator is not None else EstimatorConfig(positions="all")
+    if not np.allclose(np.asarray(loss_targets(sample, data, est)), target):
+        raise ValueError("the ladder needs the loss's own sample, and the loss's targets are not the ones "
+                         "estimator.seed draws (a loss built from another key)")  # fmt: skip
+    law, valid = kind_of(data).every_position(data, sample.X, sample.y, sample.pi)
+    law, w = np.asarray(law, np.float64), valid / valid.sum()
+    X = np.asarray(sample.X)
+    N, L = X.shape
+
+    def score(p):
+        if kind == "log":
+            lp = np.log(p + eps)
+        else:
+            z = p - p.max(-1, keepdims=True)
+            lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return -np.sum(target * lp, axis=(1, 2))
+
+    values = {"oracle": score(law)}
+    H = -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)  # (N, L)
+    ent = (H * w[None, :]).sum(-1)
+    offs = prior_of(data).bayes_offsets(data.parents)
+    values["bayes"] = score(np.asarray(bayes_predictive(_prefix_counts(X, np.asarray(sample.y), offs, data.d),
+                                                        float(data.alpha))))  # fmt: skip
+    E = np.eye(data.d)[X]
+    values["unigram"] = score(np.cumsum(E, 1) / np.arange(1, L + 1)[None, :, None])
+    if params is not None:
+        values["flow"] = np.asarray(_per_sequence(loss, params), np.float64)
+    for rung, v in zip(STRATEGY_RUNGS, strategy_losses(target, X, eps, kind).values()):
+        values[rung] = v
+    e_m, e_se = mean_se(ent)
+    return Ladder(values={k: np.asarray(v, np.float64) for k, v in values.items()}, S=(), a_gih=math.nan,
+                  entropy=e_m, entropy_se=e_se, kind=kind, eps=eps, alpha=float(data.alpha),
+                  bayes_optimal=kind_of(data).bayes_exact(data))  # fmt: skip
+
+
+def _prefix_counts(X, y, offsets, d: int) -> np.ndarray:
+    """``n_t(e)``, ``(N, L, d)``: the positions ``s ≤ t`` whose offsets ``x_{s−o}`` all lie in the
+    context, with the configuration of ``x_{t+1}``'s and ``x_s = e`` (every ``s ≤ t`` for no
+    offsets)."""
+    N, L = X.shape
+    full = np.concatenate([X, y[:, None]], axis=1)
+    E = np.eye(d)[X]
+    if not offsets:
+        return np.cumsum(E, 1)
+    K = d ** len(offsets)
+    zw = d ** np.arange(len(offsets) - 1, -1, -1)
+    idx = np.arange(L + 1)
+    code = sum(full[:, np.maximum(idx - o, 0)] * w for o, w in zip(offsets, zw))  # (N, L+1): config of x_{i+1}
+    ok = idx >= max(offsets)
+    A = np.zeros((N, L, K, d))
+    s = np.arange(L)
+    A[np.arange(N)[:, None], s[None, :], code[:, :L], X] = ok[None, :L].astype(float)
+    C = np.cumsum(A, 1)  # (N, L, K, d): up to position t
+    return np.take_along_axis(C, code[:, 1:, None, None], axis=2)[:, :, 0]  # the configuration of x_{t+1}
 
 
 @eqx.filter_jit
@@ -359,16 +448,20 @@ _NAMES = {
     "gih": "GIH     inf_a L_GIH",
     "unigram": "unigram context (GIH at a = 0)",
     "flow": "flow    TF(θ) at the end",
+    "uniform": "uniform 1/d (Edelman et al.'s strategies, add-one counts)",
+    "unigram+1": "unigram+1 the context's tokens",
+    "bigram+1": "bigram+1 the current token's successors",
 }
 
 
 def format_ladder(lad: dict) -> str:
     """Text rendering of :meth:`Ladder.to_json`'s dict."""
-    where = "a → ∞" if lad.get("a_gih_is_inf") else f"a = {lad['a_gih']:.4g}"
-    head = (
-        f"Loss ladder on the run's sample (N = {lad['N']}, loss {lad['loss']!r}, paired SEs; "
-        f"GIH on S = {lad['label']} at {where})"
-    )
+    if lad.get("a_gih") is None and not lad.get("a_gih_is_inf"):
+        gih = "the loss at every position: no GIH rung"
+    else:
+        where = "a → ∞" if lad.get("a_gih_is_inf") else f"a = {lad['a_gih']:.4g}"
+        gih = f"GIH on S = {lad['label']} at {where}"
+    head = f"Loss ladder on the run's sample (N = {lad['N']}, loss {lad['loss']!r}, paired SEs; {gih})"
     out = [head]
     for r in lad["rungs"]:
         out.append(f"  {_NAMES[r['name']]:<42} {r['loss']:.6f} ± {r['se']:.2g}")

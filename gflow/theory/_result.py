@@ -49,6 +49,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "estimator.target": "expected",
     "estimator.loss": "log",
     "data.kind": "ngram",
+    "estimator.positions": "last",
 }
 
 # The paper's model: sum-normalised selector, no per-head normalisation,
@@ -60,6 +61,7 @@ _PAPER_MODEL: dict[str, tuple] = {
     "model.head_norm": (False,),
     "model.windows": ("aligned",),
     "estimator.target": ("expected",),
+    "estimator.positions": ("last",),  # the paper's loss: the last position
 }
 
 LAW_COVERAGE: dict[str, dict[str, tuple]] = {
@@ -465,7 +467,7 @@ class Theory:
         offs = loss.member.set_offsets(S) if S in self.sets else S  # a member's set: the offsets it reads
         if offs is None:
             raise KeyError(f"no GIH law for {subset_label(S)}: the set reads no parent offsets")
-        law = stage3_law(make_gih(loss, offs), a_max=a_max, n_grid=n_grid)
+        law = stage3_law(make_gih(loss.at_last_position(), offs), a_max=a_max, n_grid=n_grid)  # a last-position law
         return dataclasses.replace(self, laws={**self.laws, S: law})
 
     def __getitem__(self, key: str):

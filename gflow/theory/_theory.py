@@ -203,10 +203,12 @@ def theory_report(
     if S is not None:
         want.append(tuple(S) if tuple(S) in sets else check_offsets(S, model_cfg.M))
     laws = {}
+    # the GIH is a last-position law: with the loss at every position, the last position's sample
+    gih_loss = loss.at_last_position()
     for S_ in want:  # keyed by the member's set; the GIH of the offsets it reads
         offs = member.set_offsets(S_) if S_ in sets else S_
         if S_ not in laws and offs is not None:
-            laws[S_] = stage3_law(make_gih(loss, offs), a_max=a_max, n_grid=n_grid)
+            laws[S_] = stage3_law(make_gih(gih_loss, offs), a_max=a_max, n_grid=n_grid)
     t3 = time.perf_counter()
 
     key = config_key(
