@@ -203,6 +203,13 @@ def test_every_position_ladder_against_loops():
                                    rtol=1e-12)  # fmt: skip
         np.testing.assert_allclose([lad.values[k][n] for k in ("uniform", "unigram+1", "bigram+1")], strat, rtol=1e-12)
     assert "gih" not in lad.values and lad.to_json()["a_gih"] is None
+    # Edelman's output is logits: with its cross-entropy (ce_on_probs) the rungs' probabilities are
+    # still scored with the log loss, the same numbers
+    ce = _est(N=12, loss="ce_on_probs", eps=1e-6)
+    lad_ce = loss_ladder(make_loss(data, EDELMAN, ce), data, S=(), estimator=ce)
+    assert lad_ce.kind == "log"
+    for k in ("oracle", "bayes", "unigram", "uniform", "unigram+1", "bigram+1"):
+        np.testing.assert_array_equal(lad_ce.values[k], lad.values[k])
 
 
 def test_run_strategies_find_edelmans_phases_on_a_short_run(tmp_path):

@@ -48,6 +48,9 @@ class AbstractModel(eqx.Module):
     # whether the member predicts at every position (estimator.positions = "all"): its positions_readout
     # then reads the targets of every position, (L, d), and returns their weighted sum
     every_position: ClassVar[bool] = False
+    # whether the member's output ŷ is logits (edelman): its loss is then the cross-entropy of
+    # softmax(ŷ), and the ladder scores the baselines' probabilities with the log loss
+    outputs_logits: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

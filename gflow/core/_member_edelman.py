@@ -54,11 +54,11 @@ def logits(W, h, X, d: int):
 
 
 def logits_all(W, h, X, d: int):
-    """Layer 2 at every position t: ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s)``, ``(L, d)`` (row t)."""
+    """Layer 2 at every position t: ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s) = P_t Wᵀ x_t`` with the running
+    sum ``P_t = Σ_{s≤t} e(x_s) h_sᵀ`` (d × d), ``(L, d)`` (row t): O(L d²), no L × L array."""
     E = jax.nn.one_hot(X, d, dtype=h.dtype)
-    L = X.shape[-1]
-    scores = jnp.where(np.tril(np.ones((L, L), bool)), E @ W @ h.T, 0.0)  # (t, s): x_tᵀ W h_s, s ≤ t
-    return scores @ E
+    P = jnp.cumsum(E[:, :, None] * h[:, None, :], axis=0)  # (L, d, d)
+    return jnp.einsum("tab,tb->ta", P, E @ W)
 
 
 @register
@@ -70,6 +70,7 @@ class EdelmanModel(AbstractPositionalModel):
     token_component = False
     empty_set = False
     every_position = True
+    outputs_logits = True
 
     @classmethod
     def check_config(cls, model) -> None:

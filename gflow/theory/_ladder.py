@@ -45,8 +45,9 @@ Choices (extension of the paper, which is silent here):
   ``O(1/L)`` effect); with a burn-in the same holds; with a fixed kernel
   (``data.kernel``) the prior is a point mass and the oracle is the Bayes
   predictor, while the ``bayes`` rung still uses the ``Dirichlet(α)`` prior.
-- **``loss="ce_on_probs"``**: every rung's probability vector is scored with
-  that same functional, ``−Σ_e π(e|z_q) log softmax(p)_e``. That functional
+- **``loss="ce_on_probs"``** (for a member whose output is logits, as Edelman's, the rungs are
+  scored with the log loss instead: its ``ce_on_probs`` is the log loss of softmax(ŷ)); otherwise
+  every rung's probability vector is scored with that same functional, ``−Σ_e π(e|z_q) log softmax(p)_e``. That functional
   is not a proper scoring rule, so the oracle is then not a floor and the
   ladder's order is not guaranteed; the ``entropy`` field is still ``E H``.
 - **Cost**: the Bayes counts and the GIH counts each take one pass over the
@@ -243,7 +244,7 @@ class Ladder:
     def captured(self) -> tuple[float, float] | None:
         """``(unigram − flow) / (unigram − bayes)`` and its delta-method SE
         (``None`` without the flow rung or when ``unigram = bayes``)."""
-        if "flow" not in self.values:
+        if "flow" not in self.values or "unigram" not in self.values:
             return None
         u, f, b = (self.values[k] for k in ("unigram", "flow", "bayes"))
         num, den = u - f, u - b
@@ -321,7 +322,7 @@ def loss_ladder(
         raise ValueError(f"loss_ladder: the estimator has d={loss.d}, the data configuration data.d={data.d}")
     if np.ndim(loss.feats.cond) == 3:
         return _every_position_ladder(loss, data, params=params, sample=sample, estimator=estimator)
-    kind, eps = loss.kind, float(loss.eps)
+    kind, eps = _rung_kind(loss), float(loss.eps)
     cond = jnp.asarray(loss.feats.cond, jnp.float64)
     score = lambda p, c: _score(p, c, jnp.asarray(eps, jnp.float64), kind)
 
@@ -345,7 +346,8 @@ def loss_ladder(
         n = bayes_counts(src, prior.bayes_offsets(data.parents))
     values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))
 
-    gih = make_gih(loss, tuple(S))
+    gih = make_gih(loss, tuple(S)) if kind == loss.kind else make_gih(loss.feats, tuple(S), eps=eps, kind=kind,
+                                                                       M=loss.model.M)  # fmt: skip
     a_gih = gih_argmin(gih) if a_gih is None else float(a_gih)
     if math.isinf(a_gih):
         values["gih"] = np.asarray(gih.per_sequence_loss_inf())
@@ -362,7 +364,7 @@ def loss_ladder(
         for rung, v in zip(STRATEGY_RUNGS, strategy_losses(cond, X, eps, kind).values()):
             values[rung] = v
 
-    values = {k: np.asarray(v, np.float64) for k, v in values.items()}
+    values = _finite_rungs(values)
     e_m, e_se = mean_se(ent)
     optimal = dkind.bayes_exact(data)
     return Ladder(
@@ -375,7 +377,7 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
     """:func:`loss_ladder` of a loss taken at every position (module docstring)."""
     if estimator is None and sample is None:
         raise ValueError("the ladder of a loss at every position needs the sample's kernels: pass estimator= or sample=")
-    kind, eps = loss.kind, float(loss.eps)
+    kind, eps = _rung_kind(loss), float(loss.eps)
     if sample is None:
         sample = draw_sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
         if estimator.relabel:
@@ -392,7 +394,8 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
 
     def score(p):
         if kind == "log":
-            lp = np.log(p + eps)
+            with np.errstate(divide="ignore"):  # a zero probability with ε = 0: an infinite loss, left out
+                lp = np.log(p + eps)
         else:
             z = p - p.max(-1, keepdims=True)
             lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
@@ -411,9 +414,23 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
     for rung, v in zip(STRATEGY_RUNGS, strategy_losses(target, X, eps, kind).values()):
         values[rung] = v
     e_m, e_se = mean_se(ent)
-    return Ladder(values={k: np.asarray(v, np.float64) for k, v in values.items()}, S=(), a_gih=math.nan,
+    return Ladder(values=_finite_rungs(values), S=(), a_gih=math.nan,
                   entropy=e_m, entropy_se=e_se, kind=kind, eps=eps, alpha=float(data.alpha),
                   bayes_optimal=kind_of(data).bayes_exact(data))  # fmt: skip
+
+
+def _rung_kind(loss) -> str:
+    """How the rungs' probabilities are scored: the run's loss, or the log loss for a member whose
+    output is logits (its ``ce_on_probs`` is the cross-entropy of softmax(ŷ), the log loss of its
+    distribution; a rung's probabilities are a distribution already)."""
+    return "log" if loss.member.outputs_logits else loss.kind
+
+
+def _finite_rungs(values: dict) -> dict:
+    """The rungs as float64 arrays, leaving out a baseline whose loss is infinite on some sequence
+    (a zero probability on a target token, possible only with ε = 0: the context's unigram)."""
+    out = {k: np.asarray(v, np.float64) for k, v in values.items()}
+    return {k: v for k, v in out.items() if k == "flow" or np.all(np.isfinite(v))}
 
 
 def _prefix_counts(X, y, offsets, d: int) -> np.ndarray:

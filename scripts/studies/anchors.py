@@ -5,13 +5,16 @@ reduced model, each from its shipped configuration (scripts/configs/edelman.toml
     python3 scripts/studies/anchors.py --out runs/anchors            # everything (~10 min on 2 cores)
     python3 scripts/studies/anchors.py --out runs/anchors --only nichani
 
-Edelman: on the run's own sample (the last position), the three strategies of their
-``test_error.py`` with add-one counts (uniform; the context's unigram; the context's bigram of the
-query token), their cross-entropies, and at every saved time the mean KL from each strategy's
-prediction to the model's; a phase is a stretch of saved times where one strategy's KL is the
-smallest and at most half the next one. Also the time layer 1's attention on offset 1 crosses 0.5,
-and W's parts along I and 11ᵀ (W = α I + β 11ᵀ + rest). For the Dirichlet and the doubly
-stochastic priors.
+Edelman (the loss at every position, L = 100): on the run's own sample, the three strategies of
+their ``test_error.py`` with add-one counts (uniform; the context's unigram; the current token's
+successors) as ladder rungs, and at every saved time the mean KL from each strategy's prediction
+to the model's (``gflow.strategies``); a phase is a stretch of saved times where one strategy's
+KL is the smallest and at most half the next one. Also the time layer 1's attention on offset 1
+crosses 0.5, and W's parts along I and 11ᵀ (W = α I + β 11ᵀ + rest). For the Dirichlet and the
+doubly stochastic priors, and trigram data (parents 1, 2).
+
+Cross-runs: the paper's model on Nichani's chain graph and on Edelman's chains, Nichani's model
+on the n-gram mixture (``cross``).
 
 Nichani: the chain, icl and random graphs; at the end of Stage II (A⁽¹⁾ at the fixed a) the
 attention of every non-root position on its parent (mean, min) and the time the mean crosses 0.5;
@@ -36,8 +39,7 @@ jax.config.update("jax_enable_x64", True)
 
 import gflow  # noqa: E402
 from gflow.config import load_config  # noqa: E402
-from gflow.core import graph_parents, make_loss, sample  # noqa: E402
-from gflow.core._member_edelman import logits  # noqa: E402
+from gflow.core import graph_parents, make_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,75 +55,90 @@ def run(cfg, out: Path):
     return gflow.integrate(cfg, out=out, overwrite=True)
 
 
-def strategies(X, d):
-    """Uniform, unigram and bigram predictions of every sequence (add-one counts), ``(3, N, d)``."""
-    X = np.asarray(X)
-    N, L = X.shape
-    E = np.eye(d)[X]
-    uni = (E.sum(1) + 1) / (L + d)
-    nxt = (X[:, :-1] == X[:, -1:])[:, :, None] * E[:, 1:]
-    big = (nxt.sum(1) + 1) / (nxt.sum((1, 2))[:, None] + d)
-    return np.stack([np.full((N, d), 1.0 / d), uni, big])
-
-
-def edelman(out: Path, prior: str) -> dict:
+def edelman(out: Path, prior: str, parents=(1,)) -> dict:
     cfg = load_config(ROOT / "scripts" / "configs" / "edelman.toml")
-    cfg = cfg.replace(data={"prior": prior})
-    traj = run(cfg, out / f"edelman-{prior}")
-    data, model, est = cfg.data, cfg.model, cfg.estimator
-    smp = sample(data, est.N, key=jax.random.key(est.seed))
-    cond = np.asarray(smp.cond)
-    S = strategies(smp.X, data.d)
-    ce = {k: float(-(cond * np.log(S[i])).sum(-1).mean()) for i, k in enumerate(("uniform", "unigram", "bigram"))}
-    member = gflow.core.member_of(model)
-
-    @jax.jit
-    def predict(v, W):
-        p = gflow.core.init_params(model, d=data.d, L=data.L).with_blocks({"v": v, "W": W})
-
-        def one(x):
-            return jax.nn.softmax(logits(W, member.positions_z(p, x, None, None, data.d), x, data.d))
-
-        return jax.vmap(one)(smp.X)
-
+    cfg = cfg.replace(data={"prior": prior, "parents": list(parents)})
+    name = f"edelman-{prior}" + ("" if tuple(parents) == (1,) else "-" + "".join(map(str, parents)))
+    traj = run(cfg, out / name)
+    data, est = cfg.data, cfg.estimator
+    loss = make_loss(data, cfg.model, est)
+    theta = gflow.core.Params.from_blocks({b: jnp.asarray(v) for b, v in traj.state(-1).items()})
+    lad = gflow.loss_ladder(loss, data, S=(), params=theta, estimator=est)
+    ce = {k: lad.mean(r) for k, r in zip(("uniform", "unigram", "bigram"), ("uniform", "unigram+1", "bigram+1"))}
+    st = gflow.strategies(traj)
     ts = np.asarray(traj.ts)
-    kl, att1, Wparts = [], [], []
+    kl = np.stack([st[f"kl_{k}"] for k in ("uniform", "unigram", "bigram")], -1)
+    att1, Wparts = [], []
     d = data.d
     for i in range(len(ts)):
-        st = traj.state(i)
-        q = np.asarray(predict(jnp.asarray(st["v"]), jnp.asarray(st["W"])))
-        kl.append([float((S[k] * np.log(S[k] / q)).sum(-1).mean()) for k in range(3)])
         att1.append(float(gflow.attention(traj, i)[0, -1, -2]))
-        W = np.asarray(st["W"])
+        W = np.asarray(traj.state(i)["W"])
         off = (W.sum() - np.trace(W)) / (d * (d - 1))
         Wparts.append([float(np.trace(W) / d - off), float(off)])
-    kl, att1, Wparts = np.array(kl), np.array(att1), np.array(Wparts)
-    names = ("uniform", "unigram", "bigram")
-    phases = []
-    for i in range(len(ts)):
-        order = np.argsort(kl[i])
-        best = names[order[0]] if kl[i, order[0]] <= 0.5 * kl[i, order[1]] else None
-        if best and (not phases or phases[-1][0] != best):
-            phases.append([best, float(ts[i]), float(ts[i])])
-        elif best:
-            phases[-1][2] = float(ts[i])
+    att1, Wparts = np.array(att1), np.array(Wparts)
+    phases = [list(p) for p in st["phases"]]
     cross = float(ts[np.argmax(att1 >= 0.5)]) if np.any(att1 >= 0.5) else None
     # layer 2 before layer 1: the time W's I part reaches half its final value, against the crossing
     half_I = float(ts[np.argmax(Wparts[:, 0] >= 0.5 * Wparts[-1, 0])])
     plateau = [p for p in phases if p[0] == "unigram"]
-    loss = np.asarray(traj.loss)
+    L = np.asarray(traj.loss)
     res = {
-        "prior": prior, "strategy_ce": ce, "phases": phases, "offset1_crosses_half_at": cross,
-        "W_identity_part_half_at": half_I, "loss_start": float(loss[0]), "loss_end": float(loss[-1]),
-        "kl_end": dict(zip(names, kl[-1].tolist())), "W_parts_end": {"I": Wparts[-1, 0], "11T": Wparts[-1, 1]},
-        "attention_offset1_end": float(att1[-1]),
+        "prior": prior, "parents": list(parents), "positions": est.positions, "L": data.L, "N": est.N,
+        "strategy_ce": ce, "bayes": lad.mean("bayes"), "phases": phases, "offset1_crosses_half_at": cross,
+        "W_identity_part_half_at": half_I, "loss_start": float(L[0]), "loss_end": float(L[-1]),
+        "kl_end": dict(zip(("uniform", "unigram", "bigram"), kl[-1].tolist())),
+        "W_parts_end": {"I": Wparts[-1, 0], "11T": Wparts[-1, 1]}, "attention_offset1_end": float(att1[-1]),
+        "wall_s": float(traj.wall),
     }  # fmt: skip
     if plateau:
         a, b = plateau[0][1], plateau[0][2]
         sel = (ts >= a) & (ts <= b)
-        res["plateau_loss"] = [float(loss[sel].min()), float(loss[sel].max())]
-    res["_curves"] = {"t": ts.tolist(), "kl": kl.tolist(), "loss": loss.tolist(), "att1": att1.tolist()}
+        res["plateau_loss"] = [float(L[sel].min()), float(L[sel].max())]
+    res["_curves"] = {"t": ts.tolist(), "kl": kl.tolist(), "loss": L.tolist(), "att1": att1.tolist()}
     return res
+
+
+def cross(out: Path) -> list[dict]:
+    """Each model on another work's data: the paper's model (and its selector) on Nichani's chain
+    graph and on Edelman's chains (at the last position: the paper's model predicts there only),
+    Nichani's model on the n-gram mixture; the loss against the Bayes rung and Edelman's
+    strategies, the phases, the attention on offset 1 (the target's parent in every case)."""
+    nich = load_config(ROOT / "scripts" / "configs" / "nichani.toml")
+    edel = load_config(ROOT / "scripts" / "configs" / "edelman.toml")
+    paper = gflow.Config()
+    cases = {
+        "paper model on Nichani's chain graph": paper.replace(data=_section(nich.data), estimator={"N": 1000}),
+        "paper model on Edelman's chains": paper.replace(data=_section(edel.data), estimator={"N": 2000}),
+        "Nichani's model on the n-gram mixture": nich.replace(data={"kind": "ngram", "graph": "chain"}),
+    }  # fmt: skip
+    res = []
+    for name, cfg in cases.items():
+        traj = run(cfg, out / ("cross-" + name.split()[0].lower() + "-" + name.split()[-1].lower()))
+        loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+        theta = gflow.core.Params.from_blocks({b: jnp.asarray(v) for b, v in traj.state(-1).items()})
+        lad = gflow.loss_ladder(loss, cfg.data, S=(1,), params=theta, estimator=cfg.estimator)
+        st = gflow.strategies(traj)
+        A = gflow.attention(traj)
+        sel = gflow.trajectory.selected_set(traj)
+        res.append({
+            "case": name, "member": cfg.model.member, "data_kind": cfg.data.kind, "L": cfg.data.L,
+            "selected": None if sel is None else list(sel),
+            # Nichani's model: every context position on its predecessor (the query's own row is unused);
+            # the others: the query on offset 1 (the best head)
+            "attention_offset1_end": float(np.mean([A[0, i, i - 1] for i in range(1, cfg.data.L - 1)])
+                                           if cfg.model.member == "nichani" else np.max(A[:, -1, -2])),
+            "loss_start": float(traj.loss[0]),
+            "loss_end": float(traj.loss[-1]), "bayes": lad.mean("bayes"), "bigram+1": lad.mean("bigram+1"),
+            "unigram+1": lad.mean("unigram+1"), "flow_minus_bayes": lad.gap("flow", "bayes"),
+            "phases": [list(p) for p in st["phases"]], "wall_s": float(traj.wall),
+        })  # fmt: skip
+    return res
+
+
+def _section(sec) -> dict:
+    import dataclasses
+
+    return {f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)}
 
 
 def nichani(out: Path, graph: str) -> dict:
@@ -171,7 +188,7 @@ def nichani(out: Path, graph: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/anchors")
-    ap.add_argument("--only", choices=("edelman", "nichani"))
+    ap.add_argument("--only", choices=("edelman", "nichani", "cross"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -182,8 +199,13 @@ def main(argv=None) -> int:
             print(json.dumps(r))
     if args.only in (None, "edelman"):
         res["edelman"] = [edelman(out, p) for p in ("dirichlet", "doubly_stochastic")]
+        res["edelman"].append(edelman(out, "dirichlet", parents=(1, 2)))  # trigram data
         for r in res["edelman"]:
             print(json.dumps({k: v for k, v in r.items() if k != "_curves"}))
+    if args.only in (None, "cross"):
+        res["cross"] = cross(out)
+        for r in res["cross"]:
+            print(json.dumps(r))
     (out / "anchors.json").write_text(json.dumps(res, indent=1, default=float))
     if "edelman" in res:
         import matplotlib
@@ -191,14 +213,14 @@ def main(argv=None) -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+        fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
         for ax, r in zip(axes, res["edelman"]):
             c = r["_curves"]
             t = np.maximum(np.asarray(c["t"]), 1e-3)
             for k, name in enumerate(("uniform", "unigram", "bigram")):
                 ax.loglog(t, np.maximum(np.asarray(c["kl"])[:, k], 1e-6), label=f"KL({name} ‖ model)")
             ax.set_xlabel("flow time t")
-            ax.set_title(f"Edelman, prior = {r['prior']}")
+            ax.set_title(f"Edelman, prior = {r['prior']}, parents {tuple(r['parents'])}", fontsize=9)
             ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out / "anchors.png", dpi=110)
