@@ -94,6 +94,12 @@ class AbstractModel(eqx.Module):
         """The time scale that moves block `name`: ``"w"`` (``schedule.eta_w``: the first layer),
         ``"C"`` (``eta_C``: the selector) or ``"a"`` (``eta_a``: the classifier)."""
 
+    @abc.abstractmethod
+    def sequence_attention(self, blocks: dict, L: int):
+        """The first layer's attention laid along a sequence of length `L`, ``(H, L, L)`` numpy
+        (head h's weight of position l on position j), from the blocks of θ;
+        ``ValueError`` when the first layer reads the tokens (``gflow.attention``)."""
+
     @property
     @abc.abstractmethod
     def readout_blocks(self) -> tuple[str, ...]:

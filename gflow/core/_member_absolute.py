@@ -62,6 +62,16 @@ class AbsoluteModel(AbstractSelectorPositionalModel):
     def readout_blocks(self):
         return ("a",)
 
+    def sequence_attention(self, blocks, L):
+        """``softmax(A_h[l])`` over the offsets ``1..M`` of position l (the window's padding
+        before position 1 keeps its share)."""
+        out = np.zeros((self.model.H, L, L))
+        s = softmax_any(np.asarray(blocks["pos"], np.float64))[:, :L]  # (H, L, M): position l over offsets 1..M
+        for k in range(self.model.M):
+            rows = np.arange(k + 1, L)
+            out[:, rows, rows - (k + 1)] = s[:, rows, k]
+        return out
+
     def query_attention(self, blocks):
         return softmax_any(blocks["pos"][..., -1, :])
 

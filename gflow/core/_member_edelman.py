@@ -99,6 +99,9 @@ class EdelmanModel(AbstractPositionalModel):
     def caches_selector(self) -> bool:
         return False
 
+    def sequence_attention(self, blocks, L):
+        return offset_attention(np.asarray(blocks["v"], np.float64), L)[None]
+
     def query_attention(self, blocks):
         """The last position's attention on the offsets ``1..M`` before it, ``(1, M)``."""
         v = blocks["v"]

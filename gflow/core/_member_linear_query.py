@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ._attention import window_attention
 from ._data import all_windows
 from ._family import AbstractModel
 from ._ops import c_shares, sequence_loss, softmax_any
@@ -84,6 +85,9 @@ class LinearQueryModel(AbstractModel):
 
     def shares(self, blocks):
         return c_shares(blocks["C"])
+
+    def sequence_attention(self, blocks, L):
+        return window_attention(self.model, blocks, L)
 
     def query_attention(self, blocks):
         return softmax_any(blocks["w"])

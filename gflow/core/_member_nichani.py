@@ -83,6 +83,9 @@ class NichaniModel(AbstractSelectorPositionalModel):
     def readout_blocks(self):
         return ("a",)
 
+    def sequence_attention(self, blocks, L):
+        return causal_attention(np.asarray(blocks["A1"], np.float64))
+
     def query_attention(self, blocks):
         A = blocks["A1"]
         xp = jnp if isinstance(A, jax.Array) else np

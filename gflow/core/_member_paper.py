@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _paper
+from ._attention import window_attention
 from ._family import AbstractModel
 from ._model import ModelConfig
 from ._ops import c_shares, sequence_loss, softmax_any
@@ -106,6 +107,9 @@ class PaperModel(AbstractModel):
     # -- events and reports --------------------------------------------------------------------
     def shares(self, blocks):
         return c_shares(blocks["C"])
+
+    def sequence_attention(self, blocks, L):
+        return window_attention(self.model, blocks, L)
 
     def query_attention(self, blocks):
         return softmax_any(blocks["w"])

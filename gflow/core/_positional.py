@@ -13,8 +13,8 @@ from ._ops import c_shares
 class AbstractPositionalModel(AbstractModel):
     """A member computed in ``estimator.layout = "positions"`` only, its selector the paper's C
     (its shares ``c/Σc``), each head reading the offset of its number. Its concrete methods are
-    final; a member implements its blocks, stages, the copier the events read and the positions
-    layout's κ and readout."""
+    final; a member implements its blocks, stages, the copier the events read, its attention
+    along the sequence and the positions layout's κ and readout."""
 
     @property
     def span(self) -> int:

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._attention import no_sequence_attention, window_attention
 from ._data import all_windows
 from ._family import AbstractModel
 from ._member_paper import AUTO_MAX_SPARSE, sparse_table_size, table_layout
@@ -134,7 +135,14 @@ class AbstractWindowModel(AbstractModel):
     def combine(self, C, inner):
         """:meth:`pair_kernel` from :meth:`inner_products` and C."""
 
-    # -- final: the table layouts --------------------------------------------------------------
+    # -- final: the attention along a sequence, the table layouts -------------------------------
+    def sequence_attention(self, blocks, L):
+        """The relative embedding laid along the sequence; refused when the first layer reads the
+        key's own token (``token``, ``full``: the attention then depends on the sequence)."""
+        if self.own_token:
+            no_sequence_attention(self.name)
+        return window_attention(self.model, blocks, L)
+
     def _keys(self, windows, d: int):
         """Key windows and own tokens of a table's columns: each window once (own token 0,
         unread), or once per own token ``e`` (e-major) when κ reads it."""

@@ -91,3 +91,22 @@ def median_s(fn, reps: int) -> float:
     jax.block_until_ready(fn())
     return float(np.median(timings(fn, reps)))
 
+
+
+def time_call(fn, *args, reps: int) -> tuple[float, float]:
+    """``(first, median)``: the wall time of the first call of ``fn(*args)`` (compilation
+    included) and the median of `reps` calls after it, each waited for
+    (``jax.block_until_ready``)."""
+    import statistics
+
+    import jax
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        runs.append(time.perf_counter() - t0)
+    return first, statistics.median(runs)

@@ -15,9 +15,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
+import _bench
 import equinox as eqx
 import jax
 
@@ -32,18 +31,6 @@ from gflow.core import (
     make_loss,
     member_of,
 )
-
-
-def _time(fn, *args, reps: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        runs.append(time.perf_counter() - t0)
-    return first, statistics.median(runs)
 
 
 def main() -> None:
@@ -75,13 +62,13 @@ def main() -> None:
     for name, layout, data, model, est in cases:
         loss = make_loss(data, model, est)
         p = init_params(model, InitConfig(), d=data.d, L=data.L)
-        first, med = _time(grad, loss, p, reps=args.reps)
+        first, med = _bench.time_call(grad, loss, p, reps=args.reps)
         if name == "paper" and layout == "counts":
             ref = med
         ratio = f"{med / ref:8.2f}" if ref else f"{'':>8}"
         line = f"{name:>24} {type(loss.feats).name:>9} {first:9.1f} {1e3 * med:9.2f} {ratio}"
         if args.stats:
-            line += f" {1e3 * _time(stats, loss, p, reps=max(3, args.reps // 4))[1]:9.1f}"
+            line += f" {1e3 * _bench.time_call(stats, loss, p, reps=max(3, args.reps // 4))[1]:9.1f}"
         print(line, flush=True)
 
 

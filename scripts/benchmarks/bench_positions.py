@@ -13,12 +13,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import _bench
 import equinox as eqx
-import jax
 
 import gflow  # noqa: F401  (float64)
 from gflow.core import (
@@ -29,18 +26,6 @@ from gflow.core import (
     init_params,
     make_loss,
 )
-
-
-def _time(fn, *args, reps: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        runs.append(time.perf_counter() - t0)
-    return first, statistics.median(runs)
 
 
 def main() -> None:
@@ -60,7 +45,7 @@ def main() -> None:
         out = {}
         for pos in ("last", "all"):
             loss = make_loss(data, model, EstimatorConfig(N=args.N, loss="ce_on_probs", eps=0.0, positions=pos))
-            out[pos] = _time(grad, loss, p, reps=args.reps)
+            out[pos] = _bench.time_call(grad, loss, p, reps=args.reps)
         (c1, m1), (c2, m2) = out["last"], out["all"]
         _bench.print(f"{name:<10} {1e3 * m1:>9.2f} {1e3 * m2:>9.2f} {m2 / m1:>6.2f} {c1:>10.1f} {c2:>10.1f}")
 
