@@ -46,7 +46,7 @@ def test_eval_at_the_training_configuration_reproduces_the_final_loss(small_run,
     assert float(rows[0]["loss"]) == row["loss"] and rows[0]["data.L"] == str(L)
     js = json.loads((tmp_path / "eval.json").read_text())
     names = [r["name"] for r in js["points"][0]["ladder"]["rungs"]]
-    assert names == ["oracle", "bayes", "gih", "unigram", "flow"]
+    assert names == ["oracle", "bayes", "gih", "unigram", "flow", "uniform", "unigram+1", "bigram+1"]
     assert js["points"][0]["loss"] == row["loss"]
 
 
