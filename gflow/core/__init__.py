@@ -7,7 +7,6 @@ the κ table (``_second``).
 Layer rule: imports only ``gflow._util``; writes no files, prints nothing.
 """
 
-from ._attention import sequence_attention as sequence_attention
 from ._data import Chain as Chain
 from ._data import DataConfig as DataConfig
 from ._data import Sample as Sample
@@ -63,6 +62,7 @@ from ._member_residual import ResidualModel as ResidualModel
 from ._member_token import TokenModel as TokenModel
 from ._member_value import ValueModel as ValueModel
 from ._members import member_of as member_of
+from ._members import sequence_attention as sequence_attention
 from ._model import BLOCKS as BLOCKS
 from ._model import InitConfig as InitConfig
 from ._model import ModelConfig as ModelConfig

@@ -4,6 +4,8 @@ add its import here (and its name to :data:`ORDER`, the order the docs and messa
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import (  # noqa: F401  (each import registers its member)
     _member_absolute,  # "absolute": absolute positional embeddings
     _member_bilinear,  # "bilinear": a bilinear second layer
@@ -31,3 +33,22 @@ def member_of(model: ModelConfig):
     """The member of the model family that `model` configures (``model.member``), an
     instance of its final class (``gflow.core.PaperModel``, …)."""
     return MEMBERS[model.member](model)
+
+
+def sequence_attention(model: ModelConfig, blocks: dict, L: int) -> np.ndarray:
+    """Head h's weight of position l on position j, ``(H, L, L)`` (index k is position k+1), from
+    the blocks of θ (numpy), as the model's member lays it out:
+
+    - the paper's relative embedding (members ``paper``, ``value``, ``residual``,
+      ``linear_query``, ``linear_output``, ``bilinear``): ``softmax(w_h)`` laid along the
+      offsets ``l − j`` the head reads (``1..M``, or ``h..h+M−1`` with shifted windows); near the
+      start a row sums to less than one, the share of the window's zero padding before position 1
+      (``gflow.core._attention.window_attention``);
+    - ``absolute``: ``softmax(A_h[l])`` over the offsets ``1..M`` of position l (same padding);
+    - ``nichani``: ``softmax`` of the causal row ``A⁽¹⁾_h[l, j ≤ l]`` (rows sum to one);
+    - ``edelman``: ``softmax_{j≤l}(v_{l−j})`` (offset 0 included; rows sum to one).
+
+    The members whose first layer reads the tokens (``token``, ``full``) have no attention
+    without a sequence: ``ValueError``.
+    """
+    return member_of(model).sequence_attention(blocks, L)
