@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ..core import Params, kernel_conditional
-from ..theory import RUNGS, STRATEGIES, STRATEGY_RUNGS, loss_ladder, sample_tokens, strategies_along
+from ..theory import RUNGS, STRATEGIES, STRATEGY_RUNGS, loss_ladder, strategies_of
 from ._base import Ctx
 from ._report import decided_row
 
@@ -79,17 +79,13 @@ def rows_strategies(ctx: Ctx) -> None:
     """Informational (finite): the run's phases (Edelman et al.'s strategies: the stretches of
     saved time where one strategy's mean KL to the model is the smallest by a factor 2) and each
     strategy's KL at the end (``gflow.strategies``; at most :data:`STRATEGY_TIMES` saved times)."""
-    tr, dt = ctx.traj, ctx.loss.eps.dtype
-    n = len(tr.ts)
+    n = len(ctx.traj.ts)
     if n == 0:
         ctx.skip("strategies", "the run has no saved time")
         return
-    every = -(-n // STRATEGY_TIMES)
-    idx = sorted(set(range(0, n, every)) | {n - 1})
-    thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in tr.state(i).items()}) for i in idx)
-    s = strategies_along(ctx.loss, sample_tokens(ctx.cfg), thetas, tr.ts[idx])
+    s = strategies_of(ctx.traj, every=-(-n // STRATEGY_TIMES), loss=ctx.loss)
     phases = " → ".join(f"{k} [{a:.3g}, {b:.3g}]" for k, a, b in s["phases"]) or "none"
     ctx.info("strategies: phases (the strategy closest to the model by a factor 2, over t)", None, phases,
-             f"mean KL(strategy ‖ model) at {len(idx)} saved times; add-one uniform, unigram, bigram", "finite")  # fmt: skip
+             f"mean KL(strategy ‖ model) at {len(s['t'])} saved times; add-one uniform, unigram, bigram", "finite")  # fmt: skip
     ctx.info("strategies: KL(uniform, unigram, bigram ‖ model) at the end", None,
              [float(s[f"kl_{k}"][-1]) for k in STRATEGIES], "over the positions where the loss is taken", "finite")  # fmt: skip

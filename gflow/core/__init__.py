@@ -33,6 +33,7 @@ from ._features import features as features
 from ._features import features_time_major as features_time_major
 from ._kinds import KINDS as KINDS
 from ._kinds import AbstractDataKind as AbstractDataKind
+from ._kinds import config_codes as config_codes
 from ._kinds import graph_parents as graph_parents
 from ._kinds import kind_of as kind_of
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
@@ -43,6 +44,7 @@ from ._loss import StageLoss as StageLoss
 from ._loss import check_positions as check_positions
 from ._loss import every_position_members as every_position_members
 from ._loss import kernel_conditional as kernel_conditional
+from ._loss import loss_sample as loss_sample
 from ._loss import loss_targets as loss_targets
 from ._loss import make_loss as make_loss
 from ._loss import mean_se as mean_se

@@ -214,15 +214,22 @@ class GraphKind(AbstractDataKind):
                          "'last'")  # fmt: skip
 
 
+def config_codes(full, offsets, d: int):
+    """The configuration code of every token of ``full`` ``(N, n)`` (0-based index i):
+    ``Σ_k x_{i−o_k} d^{K−1−k}`` over the `offsets` (the first most significant, as ``z_q``'s),
+    ``(N, n)``, numpy or JAX as ``full``; an offset before the sequence reads ``x_0`` (the caller
+    masks those indices, ``i < max(offsets)``)."""
+    i = np.arange(full.shape[1])
+    zw = d ** np.arange(len(offsets) - 1, -1, -1)
+    return sum(full[:, np.maximum(i - o, 0)] * int(w) for o, w in zip(offsets, zw))
+
+
 def ngram_every_position(data, X, y, pi):
     """:meth:`NgramKind.every_position`: ``(cond (N, L, d), valid (L,))``."""
-    L, d = data.L, data.d
     full = jnp.concatenate([jnp.asarray(X), jnp.asarray(y)[:, None].astype(X.dtype)], axis=1)  # x_1..x_{L+1}
-    t = np.arange(1, L + 1)  # position t predicts x_{t+1}, at 0-based index t of `full`
-    zw = d ** np.arange(len(data.parents) - 1, -1, -1)
-    codes = sum(full[:, np.maximum(t - p, 0)] * int(w) for p, w in zip(data.parents, zw))  # (N, L)
+    codes = config_codes(full, data.parents, data.d)[:, 1:]  # position t predicts x_{t+1}, index t of `full`
     cond = jnp.take_along_axis(jnp.asarray(pi), codes[:, :, None], axis=1)  # (N, L, d)
-    return cond, t >= max(data.parents)
+    return cond, np.arange(1, data.L + 1) >= max(data.parents)
 
 
 @eqx.filter_jit

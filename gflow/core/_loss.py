@@ -413,6 +413,14 @@ def loss_targets(smp: Sample, data: DataConfig, estimator: EstimatorConfig):
     return cond.astype(smp.cond.dtype) * w[None, :, None]
 
 
+def loss_sample(data: DataConfig, estimator: EstimatorConfig) -> Sample:
+    """The sample :func:`make_loss` draws for `data` and `estimator` (key ``estimator.seed``,
+    float64; relabelled when ``estimator.relabel``), drawn again; its targets as drawn (not
+    :func:`loss_targets`)."""
+    smp = sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
+    return relabel_sample(smp, data) if estimator.relabel else smp
+
+
 def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
     """``π(·|z_q)`` of every sequence of the sample :func:`make_loss` draws, when the
     loss's target is not it (``estimator.target = "drawn"``: the target is the drawn
@@ -421,10 +429,7 @@ def kernel_conditional(data: DataConfig, estimator: EstimatorConfig):
     with it."""
     if estimator.target != "drawn":
         return None
-    smp = sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
-    if estimator.relabel:
-        smp = relabel_sample(smp, data)
-    return loss_targets(smp, data, dataclasses.replace(estimator, target="expected"))
+    return loss_targets(loss_sample(data, estimator), data, dataclasses.replace(estimator, target="expected"))
 
 
 def make_loss(

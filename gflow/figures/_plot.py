@@ -263,20 +263,6 @@ def plot_summary(traj: Trajectory, theory: Theory | dict | None = None, *, fig=N
     return root_figure(fig)
 
 
-def _strategies_of(traj: Trajectory, times: int = 100) -> dict:
-    """``gflow.strategies`` of `traj` at most at `times` saved times (and the last)."""
-    import jax.numpy as jnp
-
-    from ..core import Params, make_loss
-    from ..theory import sample_tokens, strategies_along
-
-    cfg, n = traj.config, len(traj.ts)
-    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    idx = sorted(set(range(0, n, max(1, -(-n // times)))) | {n - 1})
-    thetas = (Params.from_blocks({b: jnp.asarray(v, loss.eps.dtype) for b, v in traj.state(i).items()}) for i in idx)
-    return strategies_along(loss, sample_tokens(cfg), thetas, traj.ts[idx])
-
-
 def plot_strategies(traj: Trajectory, theory: Theory | dict | None = None, *, ax=None, strategies=None):
     """The mean KL from Edelman et al.'s three strategies (uniform, unigram, bigram, add-one
     counts) to the model against t (log-log), the run's phases shaded (the strategy closest by a
@@ -285,9 +271,11 @@ def plot_strategies(traj: Trajectory, theory: Theory | dict | None = None, *, ax
     spans stages."""
     import matplotlib.pyplot as plt
 
+    from ..theory import strategies_of
+
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    s = strategies if strategies is not None else _strategies_of(traj)
+    s = strategies if strategies is not None else strategies_of(traj, every=max(1, -(-len(traj.ts) // 100)))
     t = s["t"]
     pos = t > 0
     colors = {"uniform": "tab:gray", "unigram": "tab:orange", "bigram": "tab:green"}

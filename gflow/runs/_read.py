@@ -34,20 +34,11 @@ def strategies(run: Trajectory | str | Path, *, every: int = 1) -> dict:
     ``"phases"``, ``gflow.theory.strategy_phases`` of them (stretches of time where one strategy
     is closest by a factor 2). Computed from the saved θ (one gradient of the loss in its targets
     per time), for every member, layout and data kind."""
-    import jax.numpy as jnp
-
-    from ..core import Params, make_loss
-    from ..theory import sample_tokens, strategies_along
+    from ..theory import strategies_of
 
     traj = run if isinstance(run, Trajectory) else load(run)
-    cfg = traj.config
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"strategies: every must be an integer >= 1, got {every!r}")
-    n = len(traj.ts)
-    if n == 0:
+    if len(traj.ts) == 0:
         raise ValueError("strategies: the run has no saved time")
-    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    idx = sorted(set(range(0, n, every)) | {n - 1})
-    dt = loss.eps.dtype
-    thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(i).items()}) for i in idx)
-    return strategies_along(loss, sample_tokens(cfg), thetas, np.asarray(traj.ts)[idx])
+    return strategies_of(traj, every=every)

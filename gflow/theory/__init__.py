@@ -46,8 +46,9 @@ from ._stage1 import stage1_rates as stage1_rates
 from ._stage1 import unrepresented_parents as unrepresented_parents
 from ._strategies import STRATEGIES as STRATEGIES
 from ._strategies import model_predictions as model_predictions
-from ._strategies import sample_tokens as sample_tokens
+from ._strategies import score_probs as score_probs
 from ._strategies import strategies_along as strategies_along
+from ._strategies import strategies_of as strategies_of
 from ._strategies import strategy_kl as strategy_kl
 from ._strategies import strategy_losses as strategy_losses
 from ._strategies import strategy_phases as strategy_phases

@@ -75,17 +75,18 @@ from ..core import (
     PopulationLoss,
     PositionFeatures,
     Sample,
+    config_codes,
     kind_of,
+    loss_sample,
     loss_targets,
     prior_of,
-    relabel_sample,
     sequence_loss,
     subset_label,
 )
 from ..core import mean_se as _loss_mean_se
 from ..core import sample as draw_sample
 from ._gih import gih_counts, make_gih
-from ._strategies import strategy_losses
+from ._strategies import score_probs, strategy_losses
 
 __all__ = ["RUNGS", "Ladder", "bayes_counts", "bayes_predictive", "format_ladder", "gih_argmin", "loss_ladder"]
 
@@ -379,9 +380,7 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
         raise ValueError("the ladder of a loss at every position needs the sample's kernels: pass estimator= or sample=")
     kind, eps = _rung_kind(loss), float(loss.eps)
     if sample is None:
-        sample = draw_sample(data, estimator.N, key=jax.random.key(estimator.seed), dtype=jnp.float64)
-        if estimator.relabel:
-            sample = relabel_sample(sample, data)
+        sample = loss_sample(data, estimator)
     target = np.asarray(loss.feats.cond, np.float64)
     est = estimator if estimator is not None else EstimatorConfig(positions="all")
     if not np.allclose(np.asarray(loss_targets(sample, data, est)), target):
@@ -392,14 +391,8 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
     X = np.asarray(sample.X)
     N, L = X.shape
 
-    def score(p):
-        if kind == "log":
-            with np.errstate(divide="ignore"):  # a zero probability with ε = 0: an infinite loss, left out
-                lp = np.log(p + eps)
-        else:
-            z = p - p.max(-1, keepdims=True)
-            lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        return -np.sum(target * lp, axis=(1, 2))
+    def score(p):  # an infinite loss (a zero probability with ε = 0) is left out by _finite_rungs
+        return score_probs(p, target, eps, kind)
 
     values = {"oracle": score(law)}
     H = -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)  # (N, L)
@@ -443,10 +436,8 @@ def _prefix_counts(X, y, offsets, d: int) -> np.ndarray:
     if not offsets:
         return np.cumsum(E, 1)
     K = d ** len(offsets)
-    zw = d ** np.arange(len(offsets) - 1, -1, -1)
-    idx = np.arange(L + 1)
-    code = sum(full[:, np.maximum(idx - o, 0)] * w for o, w in zip(offsets, zw))  # (N, L+1): config of x_{i+1}
-    ok = idx >= max(offsets)
+    code = config_codes(full, offsets, d)  # (N, L+1): configuration of x_{i+1}
+    ok = np.arange(L + 1) >= max(offsets)
     A = np.zeros((N, L, K, d))
     s = np.arange(L)
     A[np.arange(N)[:, None], s[None, :], code[:, :L], X] = ok[None, :L].astype(float)

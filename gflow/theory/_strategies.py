@@ -30,8 +30,8 @@ import numpy as np
 
 STRATEGIES = ("uniform", "unigram", "bigram")
 
-__all__ = ["STRATEGIES", "model_predictions", "position_weights", "sample_tokens", "strategies_along", "strategy_kl",
-           "strategy_losses", "strategy_phases", "strategy_predictions"]  # fmt: skip
+__all__ = ["STRATEGIES", "model_predictions", "position_weights", "score_probs", "strategies_along", "strategies_of",
+           "strategy_kl", "strategy_losses", "strategy_phases", "strategy_predictions"]  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnames="d")
@@ -113,22 +113,26 @@ def strategy_phases(t, kl, factor: float = 2.0) -> list[tuple[str, float, float]
     return [tuple(p) for p in out]
 
 
+def score_probs(p, target, eps: float, kind: str) -> np.ndarray:
+    """Per-sequence loss of the probability vectors `p` against `target` (both ``(N, d)``, or
+    ``(N, L, d)`` with the every-position target's weights), numpy: ``−Σ target log(p + ε)``, or
+    ``−Σ target log softmax(p)`` for ``ce_on_probs``; a zero probability with ε = 0 gives ``inf``."""
+    target = np.asarray(target, np.float64)
+    if kind == "log":
+        with np.errstate(divide="ignore"):
+            lp = np.log(p + eps)
+    else:
+        z = p - p.max(-1, keepdims=True)
+        lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return -np.sum(target * lp, axis=tuple(range(1, target.ndim)))
+
+
 def strategy_losses(target, X, eps: float, kind: str) -> dict[str, np.ndarray]:
     """Each strategy's loss per sequence, ``{name: (N,)}``, scored as the run's loss
-    (``−Σ target log(p + ε)``, or ``−Σ target log softmax(p)`` for ``ce_on_probs``) against the
-    loss's target (``(N, d)``, or the weighted ``(N, L, d)`` of every position)."""
-    target = np.asarray(target, np.float64)
-    every = target.ndim == 3
-    S = strategy_predictions(X, target.shape[-1], every)
-    out = {}
-    for i, k in enumerate(STRATEGIES):
-        if kind == "log":
-            lp = np.log(S[i] + eps)
-        else:
-            z = S[i] - S[i].max(-1, keepdims=True)
-            lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        out[k] = -np.sum(target * lp, axis=tuple(range(1, target.ndim)))
-    return out
+    (:func:`score_probs`) against the loss's target (``(N, d)``, or the weighted ``(N, L, d)`` of
+    every position)."""
+    S = strategy_predictions(X, np.shape(target)[-1], np.ndim(target) == 3)
+    return {k: score_probs(S[i], target, eps, kind) for i, k in enumerate(STRATEGIES)}
 
 
 def strategies_along(loss, X, thetas, ts) -> dict:
@@ -146,10 +150,15 @@ def strategies_along(loss, X, thetas, ts) -> dict:
     return out
 
 
-def sample_tokens(cfg):
-    """The contexts ``X`` ``(N, L)`` of the sample :func:`gflow.make_loss` draws for the
-    configuration `cfg` (drawn again from ``estimator.seed``; relabelled as the loss's)."""
-    from ..core import relabel_sample, sample
+def strategies_of(traj, *, every: int = 1, loss=None) -> dict:
+    """:func:`strategies_along` of a run (a :class:`gflow.Trajectory`: its configuration, saved
+    times and θ) at every `every`-th saved time and the last, on the run's own sample (`loss`:
+    the run's estimator when already built)."""
+    from ..core import Params, loss_sample, make_loss
 
-    smp = sample(cfg.data, cfg.estimator.N, key=jax.random.key(cfg.estimator.seed), dtype=jnp.float64)
-    return (relabel_sample(smp, cfg.data) if cfg.estimator.relabel else smp).X
+    cfg, n = traj.config, len(traj.ts)
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator) if loss is None else loss
+    idx = sorted(set(range(0, n, every)) | {n - 1})
+    dt = loss.eps.dtype
+    thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(i).items()}) for i in idx)
+    return strategies_along(loss, loss_sample(cfg.data, cfg.estimator).X, thetas, np.asarray(traj.ts)[idx])
