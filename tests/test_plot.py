@@ -379,6 +379,9 @@ def test_plot_run_writes_every_figure(run_dir, tmp_path):
         assert p.parent == out
         _png_size(p)
     assert _png_size(out / "summary.png") == (1800, 1080)
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []  # no figure left in pyplot's state (the docs' examples collect those)
 
 
 def test_plot_run_formats(run_dir, tmp_path, one_figure):

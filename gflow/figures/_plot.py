@@ -269,12 +269,10 @@ def plot_strategies(traj: Trajectory, theory: Theory | dict | None = None, *, ax
     factor 2) and the loss on a second axis (``gflow.strategies``, at most 100 saved times;
     `strategies`: its result when already computed). The time axis is ``t`` itself: a phase
     spans stages."""
-    import matplotlib.pyplot as plt
-
     from ..theory import strategies_of
 
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    if ax is None:  # a figure pyplot does not hold (as every figure here): nothing leaks into plt's state
+        ax = new_figure((8, 4.5)).add_subplot()
     s = strategies if strategies is not None else strategies_of(traj, every=max(1, -(-len(traj.ts) // 100)))
     t = s["t"]
     pos = t > 0
