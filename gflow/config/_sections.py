@@ -471,9 +471,12 @@ KEY_TYPES: dict[str, KeyType] = {
     "data.kernel": _MATRIX,
     "data.kind": _STR,
     "data.prior": _STR,
-    "data.graph": KeyType("a graph name or a list of integers", lambda v: isinstance(v, str) or (
-        isinstance(v, (list, tuple)) and all(is_int(x) for x in v))),
+    "data.graph": KeyType("a graph name, a list of integers or a list of lists of integers",
+                          lambda v: isinstance(v, str) or (isinstance(v, (list, tuple)) and all(
+                              is_int(x) or (isinstance(x, (list, tuple)) and all(is_int(y) for y in x))
+                              for x in v))),
     "data.graph_seed": _INT,
+    "data.graph_parents": _INT,
     "model.M": _INT,
     "model.H": _INT,
     "model.D": _INT,

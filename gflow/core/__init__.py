@@ -34,6 +34,8 @@ from ._features import features_time_major as features_time_major
 from ._kinds import KINDS as KINDS
 from ._kinds import AbstractDataKind as AbstractDataKind
 from ._kinds import config_codes as config_codes
+from ._kinds import dag_parent_sets as dag_parent_sets
+from ._kinds import graph_parent_sets as graph_parent_sets
 from ._kinds import graph_parents as graph_parents
 from ._kinds import kind_of as kind_of
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D

@@ -39,8 +39,9 @@ def _as_graph(g):
     if isinstance(g, str):
         return g
     try:
-        return tuple(int(x) for x in g)
-    except TypeError:
+        # one parent per position: integers; k parents: a list per position ([] for a root)
+        return tuple(int(x) if np.ndim(x) == 0 else tuple(int(v) for v in x) for x in g)
+    except (TypeError, ValueError):
         return g
 
 
@@ -74,8 +75,13 @@ class DataConfig(eqx.Module):
       ``1..L−1`` follow the graph ``data.graph``, the query ``x_L`` is uniform and the target is
       ``x_{L+1} ~ π(·|x_L)``; ``data.parents = [1]``).
     - `graph`: (graph) ``"chain"``, ``"icl"``, ``"random"`` or an explicit list of ``L − 1``
-      parent positions (entry ``i − 1`` is ``p(i) < i``, 0 for a root).
+      parent positions (entry ``i − 1`` is ``p(i) < i``, 0 for a root); with ``graph_parents = k
+      >= 2``: ``"chain"``, ``"heap"`` (``k = 2``), ``"random"`` or a list of ``L + 1`` parent
+      lists (entry ``i − 1`` position i's k parents, ``[]`` for a root; the last the target's).
     - `graph_seed`: (graph) the seed of ``graph = "random"``.
+    - `graph_parents`: (graph) the parents of every non-root position, ``k >= 1`` (1, the
+      default: their Task 2.4 with its uniform query; ``k >= 2``: their k-parent DAGs, no query,
+      roots uniform, ``parents`` the target's parent offsets).
     - `prior`: the kernels' prior (:mod:`gflow.core._priors`): ``"dirichlet"`` (the paper's,
       independent ``Dirichlet(α·1_d)`` rows), ``"doubly_stochastic"`` (extension, Edelman et al.:
       Dirichlet rows balanced by Sinkhorn's iteration, uniform stationary law; one parent only) or
@@ -96,6 +102,7 @@ class DataConfig(eqx.Module):
     prior: Literal["dirichlet", "doubly_stochastic", "unigram"] = eqx.field(static=True, default="dirichlet")
     graph: str | tuple[int, ...] = eqx.field(static=True, default="chain", converter=_as_graph)
     graph_seed: int = eqx.field(static=True, default=0)
+    graph_parents: int = eqx.field(static=True, default=1)
 
     def __check_init__(self):
         if not isinstance(self.d, (int, np.integer)) or self.d < 2:

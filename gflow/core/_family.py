@@ -45,6 +45,9 @@ class AbstractModel(eqx.Module):
     # whether the selector's sets hold the empty set ∅ (every member's but Nichani et al.'s, which
     # has no selector: its one set is {1}, so c/Σc ≡ 1 and Stage I ends at its start)
     empty_set: ClassVar[bool] = True
+    # whether the selector's one set is every head, {1..H} (Nichani et al.'s, whose heads all feed
+    # one match: c/Σc ≡ 1); else the sets of size 1..D (and ∅ with empty_set)
+    one_set: ClassVar[bool] = False
     # whether the member predicts at every position (estimator.positions = "all"): its positions_readout
     # then reads the targets of every position, (L, d), and returns their weighted sum
     every_position: ClassVar[bool] = False

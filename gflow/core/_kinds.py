@@ -33,6 +33,21 @@ The graphs (``data.graph``), as ``single_parent.py`` of their repository builds 
 - ``"random"``: ``p(i)`` uniform over ``{root, 1, …, i−1}``, drawn once from ``data.graph_seed``;
 - an explicit list of ``L − 1`` integers, entry ``i − 1`` position i's parent (0 for a root).
   Position ``L``, the query, is drawn uniformly and has no entry.
+
+**k parents per position** (``data.graph_parents = k >= 2``, their ``multi_parent.ipynb`` and
+``InContextDAG``): every non-root position i has k parent positions ``p_1(i) > … > p_k(i)`` (listed
+nearest first), a kernel π of ``d^k`` ``Dirichlet(α·1_d)`` rows indexed by the parents' tokens
+(the configuration code ``Σ_h x_{p_h(i)} d^{k−h}``, the n-gram kind's ``z_q`` convention), roots
+uniform (their ``pi[0]``), and no query: positions ``1..L`` all follow the graph and the target
+``x_{L+1} ~ π(·|x_{p(L+1)})``, whose parent offsets ``L + 1 − p_h(L+1)`` are ``data.parents``. The
+graphs (:func:`graph_parent_sets`, positions ``i ≤ k`` roots):
+
+- ``"chain"``: ``p(i) = {i−1, …, i−k}`` (``data.parents = [1..k]``);
+- ``"heap"`` (k = 2): ``p(i) = {i−1, ⌊i/2⌋}`` for ``i ≥ 3``, their notebook's graph
+  ``dag[i] = [(i−1)//2, i−1]`` (0-based);
+- ``"random"``: k distinct parents uniform on ``{1..i−1}``, drawn once from ``data.graph_seed``
+  (their notebook's commented-out graph), the target's too;
+- an explicit list of ``L + 1`` parent lists, ``[]`` for a root, the last the target's.
 """
 
 from __future__ import annotations
@@ -51,7 +66,9 @@ from ._stationary import stationary_distribution
 KINDS: dict[str, type] = {}
 GRAPHS = ("chain", "icl", "random")
 # the options each kind reads beyond d, alpha, L, prior, parents (and their defaults)
-KIND_OPTIONS = {"graph": "chain", "graph_seed": 0}
+KIND_OPTIONS = {"graph": "chain", "graph_seed": 0, "graph_parents": 1}
+# the graphs of k >= 2 parents per position (``"heap"``: k = 2 only)
+DAGS = ("chain", "heap", "random")
 
 
 def _register(cls):
@@ -140,7 +157,10 @@ class NgramKind(AbstractDataKind):
 
 def graph_parents(data) -> np.ndarray:
     """The parent of every context position ``1..L−1``, ``(L−1,)`` int (1-based, 0 for a root), of
-    the graph ``data.graph`` (module docstring)."""
+    the one-parent graph ``data.graph`` (module docstring; k parents: :func:`graph_parent_sets`)."""
+    if data.graph_parents != 1:
+        raise ValueError(f"graph_parents reads a one-parent graph; data.graph_parents = {data.graph_parents}: "
+                         f"use graph_parent_sets")  # fmt: skip
     g, n = data.graph, data.L - 1
     if isinstance(g, tuple):
         return np.asarray(g, np.int64)
@@ -153,24 +173,88 @@ def graph_parents(data) -> np.ndarray:
     return np.array([rng.integers(0, k) for k in i], np.int64)
 
 
+def graph_parent_sets(data) -> np.ndarray:
+    """The k parents of every position ``1..L+1`` of the k-parent graph ``data.graph`` (``data.
+    graph_parents = k >= 2``; the last row the target's), ``(L+1, k)`` int, 1-based, nearest first,
+    a row of zeros for a root (module docstring)."""
+    return dag_parent_sets(data.graph, int(data.graph_parents), data.L, int(data.graph_seed))
+
+
+def dag_parent_sets(graph, k: int, L: int, seed: int = 0) -> np.ndarray:
+    """:func:`graph_parent_sets` from the graph's options (``data.graph``, ``data.graph_parents``,
+    ``data.L``, ``data.graph_seed``): ``(L+1, k)``; its last row gives the ``data.parents`` a
+    configuration must state, ``L + 1 − p``."""
+    g, n = graph, L + 1
+    out = np.zeros((n, k), np.int64)
+    if not isinstance(g, str):
+        for i, ps in enumerate(g):
+            out[i, : len(ps)] = sorted(ps, reverse=True)
+        return out
+    rng = np.random.default_rng(seed)
+    for i in range(k + 1, n + 1):  # positions i <= k are roots
+        if g == "chain":
+            ps = range(i - 1, i - k - 1, -1)
+        elif g == "heap":
+            ps = (i - 1, i // 2)
+        else:  # "random": k distinct parents uniform on 1..i−1
+            ps = 1 + rng.choice(i - 1, size=k, replace=False)
+        out[i - 1] = sorted(ps, reverse=True)
+    return out
+
+
+def _check_dag(data) -> None:
+    """The k-parent graph's checks (:meth:`GraphKind.check`, ``data.graph_parents >= 2``)."""
+    g, k, L = data.graph, int(data.graph_parents), data.L
+    if L < k + 1:
+        raise ValueError(f"data.graph_parents = {k} needs data.L >= {k + 1} (positions 1..k are roots), got {L}")
+    if isinstance(g, str):
+        if g not in DAGS:
+            raise ValueError(f"data.graph with data.graph_parents = {k} must be one of {DAGS} or a list of data.L + 1 "
+                             f"parent lists, got {g!r}")  # fmt: skip
+        if g == "heap" and k != 2:
+            raise ValueError(f"data.graph = 'heap' has two parents per position (i − 1 and ⌊i/2⌋): "
+                             f"data.graph_parents must be 2, got {k}")  # fmt: skip
+    else:
+        if len(g) != L + 1 or any(isinstance(x, int) for x in g):
+            raise ValueError(f"data.graph as a list with data.graph_parents = {k} holds the parent list of positions "
+                             f"1..L+1 (the last the target's, [] for a root): {L + 1} lists for data.L = {L}")  # fmt: skip
+        for i, ps in enumerate(g, start=1):
+            if len(ps) not in (0, k) or len(set(ps)) != len(ps) or not all(1 <= p < i for p in ps):
+                raise ValueError(f"data.graph: position {i}'s parents must be [] (a root) or {k} distinct positions "
+                                 f"before it (1 <= p < {i}), got {list(ps)}")  # fmt: skip
+        if len(g[-1]) == 0:
+            raise ValueError("data.graph: the target's (last) entry must list its parents, got []")
+    want = tuple(int(L + 1 - p) for p in sorted(graph_parent_sets(data)[-1], reverse=True))
+    if data.parents != want:
+        raise ValueError(f"data.parents must be the target's parent offsets L + 1 − p(L+1) of data.graph = "
+                         f"{g if isinstance(g, str) else 'the list'}: {list(want)}, got {list(data.parents)}")  # fmt: skip
+
+
 @_register
 class GraphKind(AbstractDataKind):
     """Nichani, Damian and Lee's in-context causal graph (module docstring)."""
 
     name: ClassVar[str] = "graph"
-    options: ClassVar[tuple[str, ...]] = ("graph", "graph_seed")
+    options: ClassVar[tuple[str, ...]] = ("graph", "graph_seed", "graph_parents")
     has_laws: ClassVar[bool] = False
     shares_chain: ClassVar[bool] = False
 
     def check(self, data) -> None:
-        if data.parents != (1,):
-            raise ValueError(f"data.kind = 'graph' predicts the successor of the query x_L, whose parent is the query "
-                             f"itself: data.parents must be [1], got {list(data.parents)}")  # fmt: skip
+        k = data.graph_parents
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"data.graph_parents must be an integer >= 1, got {k!r}")
         if data.kernel is not None:
             raise ValueError("data.kernel is an option of data.kind = 'ngram', not of data.kind = 'graph'")
         if data.start != "stationary" or data.burn_in != 0:
             raise ValueError("data.start and data.burn_in are options of data.kind = 'ngram' (a graph's roots are "
                              "drawn from the stationary law): leave them at 'stationary' and 0")  # fmt: skip
+        if not isinstance(data.graph_seed, (int, np.integer)) or isinstance(data.graph_seed, bool):
+            raise ValueError(f"data.graph_seed must be an integer, got {data.graph_seed!r}")
+        if k > 1:
+            return _check_dag(data)
+        if data.parents != (1,):
+            raise ValueError(f"data.kind = 'graph' predicts the successor of the query x_L, whose parent is the query "
+                             f"itself: data.parents must be [1], got {list(data.parents)}")  # fmt: skip
         if data.L < 2:
             raise ValueError(f"data.kind = 'graph' needs data.L >= 2 (positions 1..L−1 and the query), got {data.L}")
         g = data.graph
@@ -179,7 +263,7 @@ class GraphKind(AbstractDataKind):
                 raise ValueError(f"data.graph must be one of {GRAPHS} or a list of data.L − 1 parent positions, "
                                  f"got {g!r}")  # fmt: skip
         else:
-            if len(g) != data.L - 1:
+            if len(g) != data.L - 1 or not all(isinstance(p, (int, np.integer)) for p in g):
                 raise ValueError(f"data.graph as a list holds the parent of positions 1..L−1 (position L is the query, "
                                  f"drawn uniformly): {data.L - 1} entries for data.L = {data.L}, got {len(g)}")  # fmt: skip
             bad = [(i + 1, p) for i, p in enumerate(g) if not 0 <= p < i + 1]
@@ -187,16 +271,27 @@ class GraphKind(AbstractDataKind):
                 i, p = bad[0]
                 raise ValueError(f"data.graph: position {i}'s parent must be a position before it (0 <= p(i) < i, 0 "
                                  f"for a root), got p({i}) = {p}")  # fmt: skip
-        if not isinstance(data.graph_seed, (int, np.integer)) or isinstance(data.graph_seed, bool):
-            raise ValueError(f"data.graph_seed must be an integer, got {data.graph_seed!r}")
 
     def draw(self, data, N, key, dtype):
+        if data.graph_parents > 1:
+            return _dag_draw(data, int(N), key, dtype)
         return _graph_draw(data, int(N), key, dtype)
 
     def bayes_counts(self, data, X):
         """``n(e) = #{i ≤ L−1 : p(i) ≠ 0, x_{p(i)} = x_L, x_i = e}`` (the repository's ``bayes``; every
-        position ``i ≤ L−1`` for the unigram prior, whose rows are one)."""
+        position ``i ≤ L−1`` for the unigram prior, whose rows are one). With k parents,
+        ``n(e) = #{i ≤ L : i not a root, x_{p(i)} = x_{p(L+1)}, x_i = e}``, the parents' tokens
+        compared as tuples (every non-root position for the unigram prior)."""
         X = jnp.asarray(X)
+        if data.graph_parents > 1:
+            ps = graph_parent_sets(data)
+            onehot = jax.nn.one_hot(X, data.d, dtype=jnp.float64)  # (N, L, d)
+            root = ps[: data.L, 0] == 0
+            hit = jnp.broadcast_to(~root, X.shape)
+            if data.prior != "unigram":
+                own = X[:, np.maximum(ps[: data.L], 1) - 1]  # (N, L, k) the parents' tokens
+                hit = hit & jnp.all(own == X[:, ps[-1] - 1][:, None, :], axis=-1)
+            return jnp.einsum("nl,nld->nd", hit.astype(jnp.float64), onehot)
         par = graph_parents(data)
         child = X[:, : data.L - 1]
         onehot = jax.nn.one_hot(child, data.d, dtype=jnp.float64)  # (N, L−1, d)
@@ -206,7 +301,9 @@ class GraphKind(AbstractDataKind):
         return jnp.einsum("nl,nld->nd", hit.astype(jnp.float64), onehot)
 
     def bayes_exact(self, data) -> bool:
-        return False  # the roots are drawn from π's stationary law, which the predictive ignores
+        # one parent: the roots are drawn from π's stationary law, which the predictive ignores; k
+        # parents: the roots are uniform, the rows independent, every transition counted
+        return data.graph_parents > 1 and data.prior in ("dirichlet", "unigram")
 
     def every_position(self, data, X, y, pi):
         raise ValueError("estimator.positions = 'all' is not defined for data.kind = 'graph': the task predicts the "
@@ -257,3 +354,33 @@ def _graph_draw(data, N: int, key, dtype):
     cond = pi[rows, q]
     y = draw(cond, jax.random.uniform(ky, (N,), dtype=dtype))
     return X, y, q.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), cond, pi
+
+
+@eqx.filter_jit
+def _dag_draw(data, N: int, key, dtype):
+    """The k-parent graph's sampler (module docstring): ``(X, y, zq, cond, pi)``."""
+    d, L, k = data.d, data.L, int(data.graph_parents)
+    kpi, kseq = jax.random.split(key)
+    dirichlet = lambda shape: jax.random.dirichlet(kpi, jnp.full(shape, data.alpha, dtype), dtype=dtype)
+    pi = prior_of(data).kernels(dirichlet, (N, d**k, d))
+    ps = graph_parent_sets(data)  # (L+1, k)
+    zw = jnp.asarray(d ** np.arange(k - 1, -1, -1))
+    u = jax.random.uniform(kseq, (L + 1, N), dtype=dtype)
+    rows = jnp.arange(N)
+    par, root = jnp.asarray(np.maximum(ps, 1) - 1), jnp.asarray(ps[:, 0] == 0)
+
+    def draw(p, ui):  # inversion: #{e < d−1 : u ≥ F(e)}
+        return jnp.sum(ui[:, None] >= jnp.cumsum(p, axis=-1)[:, :-1], axis=-1).astype(jnp.int32)
+
+    def law(X, i):
+        code = X[:, par[i]] @ zw  # the parents' configuration
+        return jnp.where(root[i], jnp.full((N, d), 1.0 / d, dtype), pi[rows, code]), code
+
+    def step(X, i):
+        p, _ = law(X, i)
+        return X.at[:, i].set(draw(p, u[i])), None
+
+    X, _ = jax.lax.scan(step, jnp.zeros((N, L + 1), jnp.int32), jnp.arange(L))
+    cond, code = law(X, L)
+    y = draw(cond, u[L])
+    return X[:, :L], y, code.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), cond, pi

@@ -10,7 +10,18 @@ paper's ``a`` (their β), and outputs the attention average of one-hot tokens:
     κ_l = ⟨e(x_L), v_l^(1)⟩,      ŷ = Σ_{l<L} softmax_l(a κ_l) e(x_l),
 
 their reduced model ``ŷ = Σ_l softmax(β ⟨e(x_L), v_l⟩) e(x_l)``: a position whose parent's token
-equals the query's passes its own token on. The keys are the positions before the query, as the
+equals the query's passes its own token on.
+
+**H heads** (``model.H = model.D = H``, for the k-parent graphs of ``data.graph_parents = k``,
+their ``CatFormer(heads=[k, 1])``): head 1 matches the query's own token as above, and head
+``h ≥ 2`` matches the query position's own copy ``v_L^(h)`` (row L of ``A⁽¹⁾_h``, which may attend
+to the query itself) against the keys' copies; the heads' matches add,
+
+    κ_l = ⟨e(x_L), v_l^(1)⟩ + Σ_{h≥2} ⟨v_L^(h), v_l^(h)⟩,
+
+as their second layer reads the concatenated heads with one bilinear score (a sum over heads,
+where the paper's model multiplies them). On their graphs the target's nearest parent is the
+query x_L itself (chain, heap), which head 1 reads; the other parents' tokens the query must copy. The keys are the positions before the query, as the
 paper's query ``L+1`` is not its own key (with the query as a key, ``κ_L = 1`` whenever row L
 attends to itself and the model predicts the query's own token). It has no selector: its one set is {1} (``model.H =
 model.D = 1``; C is kept in θ with ``c/Σc ≡ 1``), so a staged run's Stage I ends at its start by
@@ -18,10 +29,12 @@ its event, and Stages II and III are their Algorithm 1: ``A⁽¹⁾`` at the sma
 
 Choices (the repository is silent or differs):
 
-- **one head** (``model.H = 1``): the query has one parent, itself; their k-parent DAGs are not
-  in this member yet;
-- **the start** ``A⁽¹⁾ = 0`` (uniform causal attention), as their ``CatFormer`` starts; ``w`` stays
-  in θ unread;
+- **one head** by default (``model.H = 1``): the query has one parent, itself; H heads for the
+  k-parent graphs, the heads' matches summed (above);
+- **the start** ``A⁽¹⁾ = 0`` (uniform causal attention) with one head, as their ``CatFormer``
+  starts; with H ≥ 2 heads their notebook's ``10⁻⁴·N(0, 1)`` entries, drawn from a fixed seed (0)
+  so that runs are deterministic and heads 2..H, which are exchangeable, separate; ``w`` stays in
+  θ unread;
 - **Stage II's event**: the model does not know the graph, so the copier's concentration the event
   reads is the attention of a position on the position ``j`` before it, averaged over the
   positions ``l = j+1..L`` (:meth:`NichaniModel.query_attention`, ``(H, M)``): on the chain graph
@@ -56,21 +69,21 @@ class NichaniModel(AbstractSelectorPositionalModel):
     options = ()
     token_component = False
     empty_set = False
+    one_set = True
 
     @classmethod
     def check_config(cls, model) -> None:
-        if model.H != 1:
-            raise ValueError(f"model.member = 'nichani' has one head (the query's one parent): model.H must be 1, "
-                             f"got {model.H}")  # fmt: skip
-        if model.D != 1:
-            raise ValueError(f"model.member = 'nichani' has no selector (its one set is {{1}}): model.D must be 1, "
-                             f"got {model.D}")  # fmt: skip
+        if model.D != model.H:
+            raise ValueError(f"model.member = 'nichani' has no selector (its one set is every head, {{1..H}}): "
+                             f"model.D must equal model.H = {model.H}, got {model.D}")  # fmt: skip
 
     @classmethod
     def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:
         if L is None:
             raise ValueError("model.member = 'nichani' needs the context length L for its (H, L, L) position scores")
-        return {"A1": jnp.zeros((model.H, L, L), dtype)}
+        if model.H == 1:
+            return {"A1": jnp.zeros((model.H, L, L), dtype)}
+        return {"A1": jnp.asarray(1e-4 * np.random.default_rng(0).normal(size=(model.H, L, L)), dtype)}
 
     @property
     def stage_moves(self):
@@ -107,9 +120,15 @@ class NichaniModel(AbstractSelectorPositionalModel):
         if A.shape[-1] != X.shape[-1]:
             raise ValueError(f"model.member = 'nichani' was trained at L = {A.shape[-1]}: its position scores "
                              f"cannot read a context of L = {X.shape[-1]}")  # fmt: skip
+        s = causal_attention(A)
         match = (X == X[-1]).astype(A.dtype)  # 1{x_j = x_L}
-        inner = jnp.einsum("hlj,j->lh", causal_attention(A), match)  # ⟨e(x_L), v_l^(h)⟩
-        return _paper.subset_products(inner, self.model.membership)
+        if A.shape[0] == 1:
+            inner = jnp.einsum("hlj,j->lh", s, match)  # ⟨e(x_L), v_l^(1)⟩
+            return _paper.subset_products(inner, self.model.membership)
+        first = s[0] @ match  # head 1: ⟨e(x_L), v_l^(1)⟩
+        V = jnp.einsum("hlj,jd->hld", s[1:], jax.nn.one_hot(X, d, dtype=A.dtype))  # heads 2..H: v_l^(h)
+        rest = jnp.einsum("hld,hd->l", V, V[:, -1])  # Σ_{h≥2} ⟨v_L^(h), v_l^(h)⟩
+        return (first + rest)[:, None]
 
     def positions_readout(self, p, z, X, cond, eps, kind):
         # layer 2's keys are the positions before the query (the query is not its own key)

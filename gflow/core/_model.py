@@ -177,6 +177,8 @@ class ModelConfig(eqx.Module):
     def subsets(self) -> tuple[tuple[int, ...], ...]:
         """The selector's index set of this member (:func:`subsets`)."""
         cls = MEMBERS[self.member]
+        if cls.one_set:
+            return (tuple(range(1, self.H + 1)),)
         return subsets(self.H, self.D, token=bool(cls.token_component), empty=bool(cls.empty_set))
 
     @property

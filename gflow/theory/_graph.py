@@ -32,6 +32,9 @@ def graph_chi2_mi(data: DataConfig, *, n_pi: int = 500, seed: int = 0) -> np.nda
     ``χ²(P ‖ μ⊗μ) = Σ_{a,b} P(a,b)²/(μ(a)μ(b)) − 1``."""
     if data.kind != "graph":
         raise ValueError(f"graph_chi2_mi needs data.kind = 'graph', got data.kind = {data.kind!r}")
+    if data.graph_parents != 1:
+        raise ValueError(f"graph_chi2_mi is derived for one parent per position (a tree of common ancestors), got "
+                         f"data.graph_parents = {data.graph_parents}")  # fmt: skip
     d, n = data.d, data.L - 1
     par = graph_parents(data)
     key = jax.random.key(seed)

@@ -21,6 +21,12 @@ attention of every non-root position on its parent (mean, min) and the time the 
 the loss against the Bayes rung of the sample; and at t = 0 whether every row's gradient on
 A⁽¹⁾ is largest at the parent.
 
+Nichani, k parents (``dag``, scripts/configs/nichani_dag.toml: their notebook's heap graph, and
+the 2-parent chain): the two-head reduced model's attention of each head on each parent (mean
+over the non-root positions at the end of Stage II), head 2's query row on the target's second
+parent, and the loss against the exact Bayes rung and against their "one NN" baseline (the
+add-α predictive from the nearest parent alone).
+
 Runs are written in OUT/<name> and reused when complete (resumable: rerun the command); the
 numbers go to OUT/anchors.json and a figure to OUT/anchors.png.
 """
@@ -39,7 +45,7 @@ jax.config.update("jax_enable_x64", True)
 
 import gflow  # noqa: E402
 from gflow.config import load_config  # noqa: E402
-from gflow.core import graph_parents, make_loss  # noqa: E402
+from gflow.core import graph_parent_sets, graph_parents, make_loss, sample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,10 +191,44 @@ def nichani(out: Path, graph: str) -> dict:
     }  # fmt: skip
 
 
+def dag(out: Path, graph: str) -> dict:
+    cfg = load_config(ROOT / "scripts" / "configs" / "nichani_dag.toml")
+    if graph == "chain":
+        cfg = cfg.replace(data={"graph": "chain", "parents": [1, 2]})
+    traj = run(cfg, out / f"nichani-dag-{graph}")
+    data, L = cfg.data, cfg.data.L
+    ps = graph_parent_sets(data)
+    kids = np.flatnonzero(ps[:L, 0] > 0)  # 0-based index of every non-root context position
+    II = next(r for r in traj.stages if r.name == "II")
+    ts = np.asarray(traj.ts)
+    s = gflow.attention(traj, int(np.searchsorted(ts, II.t1, side="right")) - 1)
+    on = [[float(np.mean(s[h, kids, ps[kids, r] - 1])) for r in range(2)] for h in range(2)]
+    # the loss against the exact Bayes rung and their "one NN": the add-α predictive counting the
+    # positions whose nearest parent's token is the target's nearest parent's
+    smp = sample(data, cfg.estimator.N, key=jax.random.key(cfg.estimator.seed))
+    X, cond = np.asarray(smp.X), np.asarray(smp.cond)
+    onehot = np.eye(data.d)[X]
+    near = (X[:, ps[kids, 0] - 1] == X[:, [ps[-1, 0] - 1]])  # (N, #kids)
+    n1 = np.einsum("nk,nkd->nd", near, onehot[:, kids])
+    one_nn = (n1 + data.alpha) / (n1.sum(1, keepdims=True) + data.d * data.alpha)
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    lad = gflow.loss_ladder(loss, cfg.data, S=(1, 2), params=gflow.core.Params.from_blocks(
+        {b: jnp.asarray(v) for b, v in traj.state(-1).items()}), estimator=cfg.estimator)  # fmt: skip
+    return {
+        "graph": graph, "parents_of_target": ps[-1].tolist(), "data.parents": list(data.parents),
+        "head_on_parent_end_of_II": {f"head {h + 1}": {f"parent {r + 1}": on[h][r] for r in range(2)} for h in range(2)},
+        "head2_query_row_on_target_parent2": float(s[1, L - 1, ps[-1, 1] - 1]),
+        "loss_start": float(traj.loss[0]), "loss_end": float(traj.loss[-1]),
+        "bayes": float(lad.values["bayes"].mean()), "bayes_exact": bool(gflow.core.kind_of(data).bayes_exact(data)),
+        "one_nn": float(np.mean(-np.sum(cond * np.log(one_nn), axis=1))),
+        "flow_minus_bayes": lad.gap("flow", "bayes"),
+    }  # fmt: skip
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/anchors")
-    ap.add_argument("--only", choices=("edelman", "nichani", "cross"))
+    ap.add_argument("--only", choices=("edelman", "nichani", "dag", "cross"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +236,10 @@ def main(argv=None) -> int:
     if args.only in (None, "nichani"):
         res["nichani"] = [nichani(out, g) for g in ("chain", "icl", "random")]
         for r in res["nichani"]:
+            print(json.dumps(r))
+    if args.only in (None, "dag"):
+        res["dag"] = [dag(out, g) for g in ("heap", "chain")]
+        for r in res["dag"]:
             print(json.dumps(r))
     if args.only in (None, "edelman"):
         res["edelman"] = [edelman(out, p) for p in ("dirichlet", "doubly_stochastic")]
