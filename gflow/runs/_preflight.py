@@ -86,7 +86,8 @@ def estimate_memory(cfg: Config, *, replicates: int = 1, n_pi: int = 0) -> list[
     parts = []
     # the sample (float64): Dirichlet gamma draws, π and log π
     parts.append(Part("the kernels (N·d^k·d numbers)", R * 4 * N * K * dd * 8, ("estimator.N", "data.d", "data.parents")))
-    if d.start == "stationary":
+    ngram = d.kind == "ngram"  # the other kinds draw no window chain and have no Ĩ ranking
+    if d.start == "stationary" and ngram:
         S = dd**pk
         parts.append(Part("the stationary start's window chain (N·(d^m)² numbers, m the largest parent)",
                           R * 3 * N * S * S * 8, ("estimator.N", "data.d", "data.parents", "data.start")))  # fmt: skip
@@ -124,7 +125,7 @@ def estimate_memory(cfg: Config, *, replicates: int = 1, n_pi: int = 0) -> list[
     row = (3 * m.H * span + 3 * nS + 12) * 8
     parts.append(Part("the saved trajectory (rows × parameters and gradients)", R * 3 * _saved_rows(cfg) * row,
                       ("solver.save_per_decade", "schedule.durations", "solver.tau_min", "model.H", "model.D")))  # fmt: skip
-    if n_pi:
+    if n_pi and ngram:
         npi = 1 if d.kernel is not None else int(n_pi)
         W = max(int(m.H), pk) + 1
         S = dd**pk

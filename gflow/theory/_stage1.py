@@ -62,7 +62,7 @@ def unrepresented_parents(data_cfg: DataConfig, model_cfg: ModelConfig) -> str |
     refuses it; the exit status does not change): ``gflow run --dry-run``, ``gflow theory`` and
     the check report print it."""
     P = tuple(int(p) for p in data_cfg.parents)
-    if P in model_cfg.subsets:
+    if P in model_cfg.subsets or len(model_cfg.subsets) == 1:  # one set (nichani): no choice to miss
         return None
     H, D = model_cfg.H, model_cfg.D
     why = []

@@ -115,8 +115,8 @@ def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
         notes.append("norm='layer': L ≈ L₀ − a Σ (c_S/Σc) J(S) is not exact to first order")
     if data_cfg.kind != "ngram":
         notes.append(f"data.kind = {data_cfg.kind!r}: no law for this data (Ĩ, J's ranking and the GIH are the "
-                     "n-gram mixture's; Ĩ is ranked as for a bigram chain of the same prior, the law of the query "
-                     "and its successor): the paper's rows are undecided")  # fmt: skip
+                     "n-gram mixture's; Ĩ is ranked as for the n-gram chain of the same prior with parents 1..k, the "
+                     "law of the target given its k parents): the paper's rows are undecided")  # fmt: skip
     if data_cfg.start != "stationary" and data_cfg.burn_in == 0:
         notes.append("start='uniform' without burn-in: Ĩ assumes the stationary law, the sample does not")
     return tuple(notes)
@@ -180,7 +180,13 @@ def theory_report(
     # Ĩ ranks sets of offsets: a member's sets through the offsets they read with one-hot copiers
     # (the token component of the residual stream reads offset 1; a set of no parents counts as ∅)
     reads = tuple(member.set_offsets(S) or () for S in sets)
-    rank = modified_chi2_ranking(data_cfg, tuple(dict.fromkeys(reads)), n_pi=n_pi, key=jax.random.key(pi_seed))
+    # another kind has no Ĩ: ranked as for the n-gram chain of the same prior and consecutive parents
+    # 1..k (the law of the target given its k parents; a window of d^k states, whatever offsets
+    # data.parents names)
+    rank_data = data_cfg if data_cfg.kind == "ngram" else DataConfig(
+        d=data_cfg.d, parents=tuple(range(1, len(data_cfg.parents) + 1)), alpha=data_cfg.alpha, L=data_cfg.L,
+        prior=data_cfg.prior)  # fmt: skip
+    rank = modified_chi2_ranking(rank_data, tuple(dict.fromkeys(reads)), n_pi=n_pi, key=jax.random.key(pi_seed))
     rank = ranking_of_sets(rank, sets, reads)
     t1 = time.perf_counter()
 
