@@ -12,8 +12,13 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from .core import AbsoluteModel as AbsoluteModel
+from .core import AbstractCSelector as AbstractCSelector
 from .core import AbstractModel as AbstractModel
+from .core import AbstractOffsetSpan as AbstractOffsetSpan
+from .core import AbstractOwnOffsets as AbstractOwnOffsets
+from .core import AbstractPaperStages as AbstractPaperStages
 from .core import AbstractPositionalModel as AbstractPositionalModel
+from .core import AbstractRPECopier as AbstractRPECopier
 from .core import AbstractSelectorPositionalModel as AbstractSelectorPositionalModel
 from .core import AbstractWindowModel as AbstractWindowModel
 from .core import BilinearModel as BilinearModel

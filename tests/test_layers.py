@@ -284,3 +284,30 @@ def test_scripts_have_a_room_each():
 def test_no_module_over_700_lines():
     long = {str(p.relative_to(PKG.parent)): n for p, _ in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def test_members_never_override_a_concrete_method():
+    """Equinox's abstract/final pattern in the model family: a method an abstract class implements
+    (the shared pieces of gflow/core/_traits.py, the layouts' classes, AbstractModel's own) is never
+    redefined by a class below it, and every member is final (no member subclasses another). So a
+    member's module holds only what makes it different."""
+    import inspect
+
+    from gflow.core._registry import MEMBERS
+
+    bad = []
+    for name, cls in MEMBERS.items():
+        for base in cls.__mro__[1:]:
+            if base is object or not base.__name__.startswith("Abstract"):
+                continue
+            abstract = getattr(base, "__abstractmethods__", frozenset())
+            for attr, val in vars(base).items():
+                if attr.startswith("__") or attr in abstract or getattr(val, "__isabstractmethod__", False):
+                    continue
+                if not (inspect.isfunction(val) or isinstance(val, property)):
+                    continue
+                for below in cls.__mro__[: cls.__mro__.index(base)]:
+                    if attr in vars(below):
+                        bad.append(f"{below.__name__}.{attr} overrides {base.__name__}.{attr}")
+        assert not any(issubclass(cls, other) for o, other in MEMBERS.items() if o != name), name
+    assert not bad, sorted(set(bad))

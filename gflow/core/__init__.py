@@ -92,3 +92,8 @@ from ._second import has_table as has_table
 from ._second import outer_derivatives as outer_derivatives
 from ._second import table_hessian as table_hessian
 from ._tables import AbstractWindowModel as AbstractWindowModel
+from ._traits import AbstractCSelector as AbstractCSelector
+from ._traits import AbstractOffsetSpan as AbstractOffsetSpan
+from ._traits import AbstractOwnOffsets as AbstractOwnOffsets
+from ._traits import AbstractPaperStages as AbstractPaperStages
+from ._traits import AbstractRPECopier as AbstractRPECopier

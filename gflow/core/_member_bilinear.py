@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._ops import softmax_any
 from ._registry import register
 from ._tables import AbstractWindowModel, check_aligned_heads, kappa_readout, onehots, rpe_attention
+from ._traits import AbstractOffsetSpan, AbstractOwnOffsets, AbstractRPECopier
 
 
 @register
-class BilinearModel(AbstractWindowModel):
+class BilinearModel(AbstractWindowModel, AbstractRPECopier, AbstractOffsetSpan, AbstractOwnOffsets):
     """The paper's copier with a bilinear second layer (see the module docstring)."""
 
     name = "bilinear"
@@ -41,10 +41,6 @@ class BilinearModel(AbstractWindowModel):
         if d is None:
             raise ValueError("model.member = 'bilinear' needs the vocabulary size d for its (Hd, Hd) matrix")
         return {"A": jnp.eye(model.H * d, dtype=dtype)}
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
@@ -81,15 +77,6 @@ class BilinearModel(AbstractWindowModel):
                 out.append(xp.zeros(E.shape[:-2], E.dtype))
         sh = xp.stack(out, axis=-1)
         return sh / E.sum(axis=(-2, -1))[..., None]
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     def vectors(self, p, windows, own, *, query, d):
         OH = onehots(windows, d, p.w.dtype)

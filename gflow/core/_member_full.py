@@ -47,6 +47,7 @@ from ._tables import (
     rpe_attention,
     subset_product,
 )
+from ._traits import AbstractPaperStages
 
 _FIRST = ("w", "K", "Q", "V", "beta", "gamma")
 # the official standard_LN's floor on ‖φ_q‖‖φ_l‖ (clamp(min=1e-6))
@@ -54,7 +55,7 @@ NORM_CLAMP = 1e-6
 
 
 @register
-class FullModel(AbstractWindowModel):
+class FullModel(AbstractWindowModel, AbstractPaperStages):
     """The official ``TwoLayerTransformer`` (see the module docstring)."""
 
     name = "full"
@@ -82,19 +83,8 @@ class FullModel(AbstractWindowModel):
         return True
 
     @property
-    def stage_moves(self):
-        return {"I": ("C",), "II": _FIRST, "III": ("a",), "joint": _FIRST + ("C", "a")}
-
-    def block_group(self, name: str) -> str:
-        return name if name in ("w", "C", "a") else "w"
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
-    @property
-    def readout_blocks(self):
-        return ("a",)
+    def first_layer_extra(self):
+        return _FIRST[1:]
 
     def _normalising(self):
         return np.asarray([0 not in S for S in self.model.subsets])

@@ -14,14 +14,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._ops import c_shares, sequence_loss, softmax_any
+from ._ops import sequence_loss
 from ._paper import predict_from_counts
 from ._registry import register
 from ._tables import AbstractWindowModel, check_aligned_heads, onehots, rpe_attention, sum_norm_combine
+from ._traits import AbstractCSelector, AbstractOffsetSpan, AbstractOwnOffsets, AbstractRPECopier
 
 
 @register
-class LinearOutputModel(AbstractWindowModel):
+class LinearOutputModel(
+    AbstractWindowModel,
+    AbstractRPECopier,
+    AbstractOffsetSpan,
+    AbstractCSelector,
+    AbstractOwnOffsets,
+):
     """The paper's model with an output matrix on the attended average (see the module docstring)."""
 
     name = "linear_output"
@@ -37,10 +44,6 @@ class LinearOutputModel(AbstractWindowModel):
         if d is None:
             raise ValueError("model.member = 'linear_output' needs the vocabulary size d for its d×d output matrix")
         return {"O": float(model.omega0) * jnp.eye(d, dtype=dtype)}
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
@@ -60,18 +63,6 @@ class LinearOutputModel(AbstractWindowModel):
     @property
     def readout_blocks(self):
         return ("a", "O")
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     def vectors(self, p, windows, own, *, query, d):
         OH = onehots(windows, d, p.w.dtype)

@@ -19,11 +19,11 @@ import jax.numpy as jnp
 
 from ._attention import window_attention
 from ._data import all_windows
-from ._family import AbstractModel
-from ._ops import c_shares, sequence_loss, softmax_any
+from ._ops import sequence_loss
 from ._paper import shifted_windows
 from ._registry import register
 from ._tables import check_aligned_heads, onehots, rpe_attention
+from ._traits import AbstractCSelector, AbstractOffsetSpan, AbstractOwnOffsets, AbstractRPECopier
 
 
 def feature_size(model, d: int) -> int:
@@ -32,7 +32,7 @@ def feature_size(model, d: int) -> int:
 
 
 @register
-class LinearQueryModel(AbstractModel):
+class LinearQueryModel(AbstractRPECopier, AbstractOffsetSpan, AbstractCSelector, AbstractOwnOffsets):
     """A linear classifier on the query's features (see the module docstring)."""
 
     name = "linear_query"
@@ -48,10 +48,6 @@ class LinearQueryModel(AbstractModel):
         if d is None:
             raise ValueError("model.member = 'linear_query' needs the vocabulary size d for its classifier W")
         return {"W": jnp.zeros((d, feature_size(model, d)), dtype)}
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
@@ -83,20 +79,8 @@ class LinearQueryModel(AbstractModel):
     def has_table_hessian(self) -> bool:
         return False
 
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
     def sequence_attention(self, blocks, L):
         return window_attention(self.model, blocks, L)
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     def features(self, p, windows, d):
         """``φ̂_q`` of query windows ``(n, M)``: ``(n, Σ_S d^{|S|})``."""

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 
 from . import _paper
 from ._attention import window_attention
-from ._family import AbstractModel
 from ._model import ModelConfig
-from ._ops import c_shares, sequence_loss, softmax_any
+from ._ops import sequence_loss
 from ._registry import register
+from ._traits import AbstractCSelector, AbstractPaperStages, AbstractRPECopier
 
 # Largest number of padded windows (d+1)**span for which layout="auto" tabulates κ on window
 # pairs: the table is ((d+1)**span)**2 entries, the counts (d+1)**span * d per sequence.
@@ -53,7 +53,7 @@ def table_layout(d: int, span: int) -> str:
 
 
 @register
-class PaperModel(AbstractModel):
+class PaperModel(AbstractRPECopier, AbstractCSelector, AbstractPaperStages):
     """The paper's TF(M, H, d, D): RPE copier ``s^(h) = softmax(w^(h))``, selector
     ``κ_l = Σ_S c_S Π_{h∈S}⟨v_q^(h), v_l^(h)⟩ / Z``, classifier ``softmax_l(a κ_l)``."""
 
@@ -71,6 +71,10 @@ class PaperModel(AbstractModel):
 
     # -- structure -----------------------------------------------------------------------------
     @property
+    def first_layer_extra(self):
+        return ()
+
+    @property
     def span(self) -> int:
         return self.model.span
 
@@ -86,33 +90,12 @@ class PaperModel(AbstractModel):
         return table_layout(d, self.span)
 
     @property
-    def stage_moves(self):
-        return {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
-
-    def block_group(self, name: str) -> str:
-        return name
-
-    @property
-    def readout_blocks(self):
-        return ("a",)
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
-    @property
     def has_table_hessian(self) -> bool:
         return True
 
     # -- events and reports --------------------------------------------------------------------
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
     def sequence_attention(self, blocks, L):
         return window_attention(self.model, blocks, L)
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
 
     def heads_of(self, S):
         return tuple(S)

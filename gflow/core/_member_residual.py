@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._ops import c_shares, softmax_any
 from ._registry import register
 from ._tables import (
     AbstractWindowModel,
@@ -28,10 +27,17 @@ from ._tables import (
     rpe_attention,
     sum_norm_combine,
 )
+from ._traits import AbstractCSelector, AbstractOffsetSpan, AbstractPaperStages, AbstractRPECopier
 
 
 @register
-class ResidualModel(AbstractWindowModel):
+class ResidualModel(
+    AbstractWindowModel,
+    AbstractRPECopier,
+    AbstractOffsetSpan,
+    AbstractCSelector,
+    AbstractPaperStages,
+):
     """The paper's model with the token itself as a selector component (see the module docstring)."""
 
     name = "residual"
@@ -47,33 +53,12 @@ class ResidualModel(AbstractWindowModel):
         return {}
 
     @property
-    def span(self) -> int:
-        return self.model.M
+    def first_layer_extra(self):
+        return ()
 
     @property
     def own_token(self) -> bool:
         return False
-
-    @property
-    def stage_moves(self):
-        return {"I": ("C",), "II": ("w",), "III": ("a",), "joint": ("w", "C", "a")}
-
-    def block_group(self, name: str) -> str:
-        return name
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
-    @property
-    def readout_blocks(self):
-        return ("a",)
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
 
     def heads_of(self, S):
         return tuple(h for h in S if h != 0)

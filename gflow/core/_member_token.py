@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._ops import c_shares, softmax_any
 from ._registry import register
 from ._tables import (
     AbstractWindowModel,
@@ -27,6 +26,13 @@ from ._tables import (
     onehots,
     rpe_attention,
     sum_norm_combine,
+)
+from ._traits import (
+    AbstractCSelector,
+    AbstractOffsetSpan,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+    AbstractRPECopier,
 )
 
 
@@ -38,7 +44,14 @@ def token_matrix(p, form: str):
 
 
 @register
-class TokenModel(AbstractWindowModel):
+class TokenModel(
+    AbstractWindowModel,
+    AbstractRPECopier,
+    AbstractOffsetSpan,
+    AbstractCSelector,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+):
     """The paper's model with a token-aware first layer (see the module docstring)."""
 
     name = "token"
@@ -59,44 +72,12 @@ class TokenModel(AbstractWindowModel):
         return {"Q": eye_stack(model.H, d, s, dtype), "K": eye_stack(model.H, d, s, dtype)}
 
     @property
-    def _extra(self):
+    def first_layer_extra(self):
         return ("B",) if self.model.token_form == "direct" else ("Q", "K")
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
         return True
-
-    @property
-    def stage_moves(self):
-        first = ("w",) + self._extra
-        return {"I": ("C",), "II": first, "III": ("a",), "joint": first + ("C", "a")}
-
-    def block_group(self, name: str) -> str:
-        return name if name in ("w", "C", "a") else "w"
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
-    @property
-    def readout_blocks(self):
-        return ("a",)
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     def vectors(self, p, windows, own, *, query, d):
         OH = onehots(windows, d, p.w.dtype)  # (n, M, d)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._ops import c_shares, softmax_any
 from ._registry import register
 from ._tables import (
     AbstractWindowModel,
@@ -29,10 +28,24 @@ from ._tables import (
     rpe_attention,
     sum_norm_combine,
 )
+from ._traits import (
+    AbstractCSelector,
+    AbstractOffsetSpan,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+    AbstractRPECopier,
+)
 
 
 @register
-class ValueModel(AbstractWindowModel):
+class ValueModel(
+    AbstractWindowModel,
+    AbstractRPECopier,
+    AbstractOffsetSpan,
+    AbstractCSelector,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+):
     """The paper's model with a value matrix per head and an optional LayerNorm."""
 
     name = "value"
@@ -53,44 +66,12 @@ class ValueModel(AbstractWindowModel):
         return out
 
     @property
-    def _extra(self):
+    def first_layer_extra(self):
         return ("V", "beta", "gamma") if self.model.layernorm else ("V",)
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
         return False
-
-    @property
-    def stage_moves(self):
-        first = ("w",) + self._extra
-        return {"I": ("C",), "II": first, "III": ("a",), "joint": first + ("C", "a")}
-
-    def block_group(self, name: str) -> str:
-        return name if name in ("w", "C", "a") else "w"
-
-    @property
-    def caches_selector(self) -> bool:
-        return True
-
-    @property
-    def readout_blocks(self):
-        return ("a",)
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
-    def query_attention(self, blocks):
-        return softmax_any(blocks["w"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     def vectors(self, p, windows, own, *, query, d):
         V = p.get("V")

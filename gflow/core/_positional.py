@@ -6,19 +6,15 @@ layout only, and share everything but their first layer and readout
 
 from __future__ import annotations
 
-from ._family import AbstractModel
-from ._ops import c_shares
+from ._traits import AbstractCSelector, AbstractOffsetSpan, AbstractOwnOffsets
 
 
-class AbstractPositionalModel(AbstractModel):
+class AbstractPositionalModel(AbstractOffsetSpan, AbstractCSelector, AbstractOwnOffsets):
     """A member computed in ``estimator.layout = "positions"`` only, its selector the paper's C
-    (its shares ``c/Σc``), each head reading the offset of its number. Its concrete methods are
+    (its shares ``c/Σc``), each head reading the offset of its number (the span, the shares and
+    the sets' offsets from :mod:`gflow.core._traits`). Its concrete methods are
     final; a member implements its blocks, stages, the copier the events read, its attention
     along the sequence and the positions layout's κ and readout."""
-
-    @property
-    def span(self) -> int:
-        return self.model.M
 
     @property
     def own_token(self) -> bool:
@@ -34,15 +30,6 @@ class AbstractPositionalModel(AbstractModel):
     @property
     def has_table_hessian(self) -> bool:
         return False
-
-    def shares(self, blocks):
-        return c_shares(blocks["C"])
-
-    def heads_of(self, S):
-        return tuple(S)
-
-    def set_offsets(self, S):
-        return tuple(S)
 
     # -- no table layouts: κ depends on the position -----------------------------------------------
     def _no_table(self, *args, **kwargs):
