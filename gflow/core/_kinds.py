@@ -329,6 +329,12 @@ def ngram_every_position(data, X, y, pi):
     return cond, np.arange(1, data.L + 1) >= max(data.parents)
 
 
+def _inverse_draw(p, u):
+    """One token per row of the laws `p` ``(N, d)`` from uniforms `u` ``(N,)`` by inversion:
+    ``#{e < d−1 : u ≥ F(e)}`` (the graph samplers')."""
+    return jnp.sum(u[:, None] >= jnp.cumsum(p, axis=-1)[:, :-1], axis=-1).astype(jnp.int32)
+
+
 @eqx.filter_jit
 def _graph_draw(data, N: int, key, dtype):
     d, L = data.d, data.L
@@ -340,19 +346,16 @@ def _graph_draw(data, N: int, key, dtype):
     u = jax.random.uniform(kseq, (L - 1, N), dtype=dtype)
     rows = jnp.arange(N)
 
-    def draw(p, ui):  # inversion: #{e < d−1 : u ≥ F(e)}
-        return jnp.sum(ui[:, None] >= jnp.cumsum(p, axis=-1)[:, :-1], axis=-1).astype(jnp.int32)
-
     def step(X, i):
         parent_tok = X[:, jnp.maximum(par[i], 1) - 1]
         p = jnp.where(par[i] > 0, pi[rows, parent_tok], mu)
-        return X.at[:, i].set(draw(p, u[i])), None
+        return X.at[:, i].set(_inverse_draw(p, u[i])), None
 
     X0 = jnp.zeros((N, L), jnp.int32).at[:, L - 1].set(jax.random.randint(kq, (N,), 0, d, dtype=jnp.int32))
     X, _ = jax.lax.scan(step, X0, jnp.arange(L - 1))
     q = X[:, L - 1]
     cond = pi[rows, q]
-    y = draw(cond, jax.random.uniform(ky, (N,), dtype=dtype))
+    y = _inverse_draw(cond, jax.random.uniform(ky, (N,), dtype=dtype))
     return X, y, q.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), cond, pi
 
 
@@ -369,18 +372,15 @@ def _dag_draw(data, N: int, key, dtype):
     rows = jnp.arange(N)
     par, root = jnp.asarray(np.maximum(ps, 1) - 1), jnp.asarray(ps[:, 0] == 0)
 
-    def draw(p, ui):  # inversion: #{e < d−1 : u ≥ F(e)}
-        return jnp.sum(ui[:, None] >= jnp.cumsum(p, axis=-1)[:, :-1], axis=-1).astype(jnp.int32)
-
     def law(X, i):
         code = X[:, par[i]] @ zw  # the parents' configuration
         return jnp.where(root[i], jnp.full((N, d), 1.0 / d, dtype), pi[rows, code]), code
 
     def step(X, i):
         p, _ = law(X, i)
-        return X.at[:, i].set(draw(p, u[i])), None
+        return X.at[:, i].set(_inverse_draw(p, u[i])), None
 
     X, _ = jax.lax.scan(step, jnp.zeros((N, L + 1), jnp.int32), jnp.arange(L))
     cond, code = law(X, L)
-    y = draw(cond, u[L])
+    y = _inverse_draw(cond, u[L])
     return X[:, :L], y, code.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), cond, pi
