@@ -405,11 +405,21 @@ def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
     """The member's own Stage III law (F = −∂L̂(θ_II, a)/∂a by autodiff) decides its two rows for
     a member the GIH law does not cover (residual, the issue's example: L = 30, N = 500): the
     slope of a against log τ in the law's window equals the law's quadrature to 2 %, the end's loss
-    is the law's limit, both pass, and each fails its wrong answer."""
+    is the law's limit, both pass, and each fails its wrong answer. The member's verdict fails a
+    wrong flow: the same run with Stage I's clock × 2/3 and a + 1 in Stage III fails the rows of
+    the member's own G (Stage I's rates) and both rows of its own Stage III law."""
     cfg = gflow.Config().replace(data={"L": 30, "parents": [2, 3]}, model={"member": "residual"},
                                  estimator={"N": 500})  # fmt: skip
-    gflow.integrate(cfg, out=tmp_path)
+    traj = gflow.integrate(cfg, out=tmp_path)
     rep = check_run(tmp_path, n_pi=N_PI)
+    theory = json.loads((tmp_path / "theory.json").read_text())
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    wrong = check(_mutated(traj, stage1_time=2 / 3, a_shift=1.0), theory=theory, loss=loss)
+    failed = {r.name for r in wrong.failed}
+    for prefix in ("I: slopes of log(c_{2,3}/c_S) vs the exact rates at t = 0 (model's own G",
+                   "III: slope of a vs log τ in the member's own window", "limit loss: L̂ at end vs L̂(θ_II, a°)"):
+        assert any(n.startswith(prefix) for n in failed), (prefix, failed)
+    assert wrong.verdict["gflow"] == "fail"
     slope = rep.row("III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), "
                     "F = −∂L̂(θ_II, a)/∂a)")  # fmt: skip
     lim = rep.row("limit loss: L̂ at end vs L̂(θ_II, a°) (the member's own Stage III law)")
