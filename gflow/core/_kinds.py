@@ -224,7 +224,7 @@ def _check_dag(data) -> None:
                                  f"before it (1 <= p < {i}), got {list(ps)}")  # fmt: skip
         if len(g[-1]) == 0:
             raise ValueError("data.graph: the target's (last) entry must list its parents, got []")
-    want = tuple(int(L + 1 - p) for p in sorted(graph_parent_sets(data)[-1], reverse=True))
+    want = tuple(int(L + 1 - p) for p in graph_parent_sets(data)[-1])  # nearest parent first
     if data.parents != want:
         raise ValueError(f"data.parents must be the target's parent offsets L + 1 − p(L+1) of data.graph = "
                          f"{g if isinstance(g, str) else 'the list'}: {list(want)}, got {list(data.parents)}")  # fmt: skip
