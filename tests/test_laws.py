@@ -73,6 +73,31 @@ def test_member_stage1_rates_equal_flow_at_t0(member):
     assert np.max(np.abs(diff_fd - ex.diff)) < 1e-6 * scale
 
 
+def test_residual_token_component_stage3_force_is_the_gih_law():
+    """The generic Stage III force F(a) = −∂L̂(θ, a)/∂a, by automatic differentiation of a member's
+    own loss (the one the report's member-law rows use), against a closed form: the residual
+    member's set {0,2} (the residual stream's token component reads offset 1, head 2 offset 2),
+    with one-hot copiers (gap 1000) and c = e_S, is the GIH of offsets {1,2}, whose force the paper
+    gives in closed form. Measured: 1.4·10⁻¹⁴ on a ∈ [0, 12] (d = 3, L = 20, N = 400); the GIH of
+    {2} alone, the answer a model without the token component would give, is far off."""
+    from gflow.checks._base import model_force_grid
+    from gflow.theory import gih_force
+
+    cfg = from_dict({"data": {"d": 3, "L": 20, "parents": [1, 2]}, "model": {"member": "residual"},
+                     "estimator": {"N": 400}})  # fmt: skip
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    w = np.zeros((cfg.model.H, cfg.model.M))
+    w[np.arange(cfg.model.H), np.arange(cfg.model.H)] = 1000.0  # head h on offset h
+    C = np.zeros(len(cfg.model.subsets))
+    C[cfg.model.subsets.index((0, 2))] = 1.0
+    ag = jnp.linspace(0.0, 12.0, 13)
+    F = np.asarray(model_force_grid(loss, jnp.asarray(w), jnp.asarray(C), ag))
+    gih = np.asarray(gih_force(make_gih(loss, (1, 2)), ag))
+    assert np.max(np.abs(F - gih)) < 1e-12 * np.max(np.abs(gih))
+    other = np.asarray(gih_force(make_gih(loss, (2,)), ag))
+    assert np.max(np.abs(F - other)) > 1e-3
+
+
 def test_small_a_rates_sum_norm_are_the_J_linearisation():
     """norm="sum": 2 a η_C ∂G/∂C_S / C_S differences = 4 a η_C (J(S) − J(S'))/‖C‖², to rounding."""
     _cfg, loss, p = _setup("sum")
