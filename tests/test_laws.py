@@ -24,23 +24,28 @@ def _setup(norm, *, L=20, N=400, parents=(1, 2), loss="log", layout="auto", **in
     return cfg, make_loss(cfg.data, cfg.model, cfg.estimator), init_params(cfg.model, cfg.init)
 
 
+def _rates_and_short_flow(loss, p, eta=2.5, h=1e-4):
+    """The exact Stage I rates at t = 0 (η_C = `eta`) and the flow's own rate differences
+    d/dt log(c_S²/c_S'²), by Richardson-extrapolated finite differences (O(h²)) of a Tsit5
+    integration of Stage I's vector field to t = h and 2h at rtol 1e-13."""
+    ex = laws.stage1_rates_exact(loss, p, rate=eta)
+    vf = VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
+    sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 2 * h, h / 8, {"C": p.C},
+                              saveat=diffrax.SaveAt(ts=[h, 2 * h]),
+                              stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-16))  # fmt: skip
+    logc = lambda C: np.log(np.asarray(C, np.float64) ** 2)
+    l0, l1, l2 = logc(p.C), logc(sol.ys["C"][0]), logc(sol.ys["C"][1])
+    r_fd = (4 * l1 - l2 - 3 * l0) / (2 * h)
+    return ex, r_fd[:, None] - r_fd[None, :]
+
+
 @pytest.mark.parametrize("norm", [pytest.param("sum", marks=pytest.mark.slow), "layer"])
 def test_stage1_rates_equal_flow_at_t0(norm):
     """The exact rates d/dt log(c_S/c_S') at t = 0 equal the flow's own, measured by
     Richardson-extrapolated finite differences of a very short integration of the
     flow's vector field (Stage I, η_C = 2.5)."""
     _cfg, loss, p = _setup(norm)
-    eta = 2.5
-    ex = laws.stage1_rates_exact(loss, p, rate=eta)
-    vf = VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
-    h = 1e-4
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 2 * h, h / 8, {"C": p.C},
-                              saveat=diffrax.SaveAt(ts=[h, 2 * h]),
-                              stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-16))  # fmt: skip
-    logc = lambda C: np.log(np.asarray(C, np.float64) ** 2)
-    l0, l1, l2 = logc(p.C), logc(sol.ys["C"][0]), logc(sol.ys["C"][1])
-    r_fd = (4 * l1 - l2 - 3 * l0) / (2 * h)  # O(h²)
-    diff_fd = r_fd[:, None] - r_fd[None, :]
+    ex, diff_fd = _rates_and_short_flow(loss, p)
     scale = np.max(np.abs(ex.diff))
     assert np.max(np.abs(diff_fd - ex.diff)) < 1e-6 * scale
     # the paired SEs are those of per-sequence differences: positive off the diagonal
@@ -58,16 +63,7 @@ def test_member_stage1_rates_equal_flow_at_t0(member):
                      "estimator": {"N": 400}})  # fmt: skip
     loss, p = make_loss(cfg.data, cfg.model, cfg.estimator), init_params(cfg.model, cfg.init, d=3, L=20)
     assert gflow.core.member_of(cfg.model).stage_moves["I"] == ("C",)
-    eta, h = 2.5, 1e-4
-    ex = laws.stage1_rates_exact(loss, p, rate=eta)
-    vf = VectorField(stage_loss=StageLoss(loss, p, ("C",)), scale={"C": jnp.asarray(eta)})
-    sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, 2 * h, h / 8, {"C": p.C},
-                              saveat=diffrax.SaveAt(ts=[h, 2 * h]),
-                              stepsize_controller=diffrax.PIDController(rtol=1e-13, atol=1e-16))  # fmt: skip
-    logc = lambda C: np.log(np.asarray(C, np.float64) ** 2)
-    l0, l1, l2 = logc(p.C), logc(sol.ys["C"][0]), logc(sol.ys["C"][1])
-    r_fd = (4 * l1 - l2 - 3 * l0) / (2 * h)  # O(h²)
-    diff_fd = r_fd[:, None] - r_fd[None, :]
+    ex, diff_fd = _rates_and_short_flow(loss, p)
     scale = np.max(np.abs(ex.diff))
     assert scale > 1.0  # the sets' rates differ: a comparison that can fail
     assert np.max(np.abs(diff_fd - ex.diff)) < 1e-6 * scale
