@@ -145,17 +145,17 @@ def _free_compiled_programs():
 
 
 def _xla_cache_for_the_suite() -> None:
-    """JAX's persistent compilation cache for the suite, one folder shared by the two xdist
-    workers: a program one test compiled is read back by every other test (on either worker)
-    that lowers to the same program, and a second run of the suite compiles almost nothing.
-    ``GFLOW_TEST_XLA_CACHE`` names the folder (default ``~/.cache/gflow/xla-tests``, apart from
-    the command line's cache so that the tests never read or fill a user's); ``none`` turns it
-    off. Numbers do not depend on it: an entry is keyed by the program, JAX's version and the
-    compiler's flags, and a read error (a file the other worker is still writing) falls back to
-    compiling (docs/tests.md, "Compilation")."""
+    """JAX's persistent compilation cache for the suite, when ``GFLOW_TEST_XLA_CACHE`` names a
+    folder (off by default): one folder shared by the two xdist workers, so that a program one
+    test compiled is read back by every other test (on either worker) that lowers to the same
+    program, and a second run of the suite compiles almost nothing. Off by default because a first
+    run with an empty folder is slower than without it (writing every program costs more than
+    the few shared ones save; docs/tests.md, "Compilation"). Numbers do not depend on it: an
+    entry is keyed by the program, JAX's version and the compiler's flags, and a read error (a
+    file the other worker is still writing) falls back to compiling."""
     import os
 
-    where = os.environ.get("GFLOW_TEST_XLA_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gflow", "xla-tests"))
+    where = os.environ.get("GFLOW_TEST_XLA_CACHE", "none")
     if where.lower() != "none":
         jax.config.update("jax_compilation_cache_dir", where)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
