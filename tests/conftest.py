@@ -143,7 +143,6 @@ def _free_compiled_programs():
     free_compiled_programs()
 
 
-
 def _xla_cache_for_the_suite() -> None:
     """JAX's persistent compilation cache for the suite, when ``GFLOW_TEST_XLA_CACHE`` names a
     folder (off by default): one folder shared by the two xdist workers, so that a program one
@@ -155,8 +154,8 @@ def _xla_cache_for_the_suite() -> None:
     file the other worker is still writing) falls back to compiling."""
     import os
 
-    where = os.environ.get("GFLOW_TEST_XLA_CACHE", "none")
-    if where.lower() != "none":
+    where = os.environ.get("GFLOW_TEST_XLA_CACHE", "")
+    if where and where.lower() != "none":
         jax.config.update("jax_compilation_cache_dir", where)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 

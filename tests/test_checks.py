@@ -410,10 +410,10 @@ def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
     the member's own G (Stage I's rates) and both rows of its own Stage III law."""
     cfg = gflow.Config().replace(data={"L": 30, "parents": [2, 3]}, model={"member": "residual"},
                                  estimator={"N": 500})  # fmt: skip
-    traj = gflow.integrate(cfg, out=tmp_path)
-    rep = check_run(tmp_path, n_pi=N_PI)
-    theory = json.loads((tmp_path / "theory.json").read_text())
     loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    traj = gflow.integrate(cfg, out=tmp_path, loss=loss)
+    rep = check_run(tmp_path, loss=loss, n_pi=N_PI)
+    theory = json.loads((tmp_path / "theory.json").read_text())
     wrong = check(_mutated(traj, stage1_time=2 / 3, a_shift=1.0), theory=theory, loss=loss)
     failed = {r.name for r in wrong.failed}
     for prefix in ("I: slopes of log(c_{2,3}/c_S) vs the exact rates at t = 0 (model's own G",

@@ -18,10 +18,10 @@ from gflow.theory import _laws as laws
 from gflow.theory._theory import make_gih, stage1_rates
 
 
-def _setup(norm, *, L=20, N=400, parents=(1, 2), loss="log", layout="auto", **init):
-    cfg = from_dict({"data": {"d": 3, "L": L, "parents": list(parents)}, "model": {"norm": norm},
+def _setup(norm, *, L=20, N=400, parents=(1, 2), loss="log", layout="auto", member="paper", **init):
+    cfg = from_dict({"data": {"d": 3, "L": L, "parents": list(parents)}, "model": {"norm": norm, "member": member},
                      "estimator": {"N": N, "loss": loss, "layout": layout}, "init": init})  # fmt: skip
-    return cfg, make_loss(cfg.data, cfg.model, cfg.estimator), init_params(cfg.model, cfg.init)
+    return cfg, make_loss(cfg.data, cfg.model, cfg.estimator), init_params(cfg.model, cfg.init, d=3, L=L)
 
 
 def _rates_and_short_flow(loss, p, eta=2.5, h=1e-4):
@@ -59,9 +59,7 @@ def test_member_stage1_rates_equal_flow_at_t0(member):
     Richardson-extrapolated finite differences of a very short integration (Stage I moves C,
     η_C = 2.5; d = 3, L = 20, N = 400). Measured: 2.5·10⁻¹¹ (residual), 1.7·10⁻¹¹
     (linear_output), 3.5·10⁻¹¹ (token) of the largest rate difference."""
-    cfg = from_dict({"data": {"d": 3, "L": 20, "parents": [1, 2]}, "model": {"member": member},
-                     "estimator": {"N": 400}})  # fmt: skip
-    loss, p = make_loss(cfg.data, cfg.model, cfg.estimator), init_params(cfg.model, cfg.init, d=3, L=20)
+    cfg, loss, p = _setup("sum", member=member)
     assert gflow.core.member_of(cfg.model).stage_moves["I"] == ("C",)
     ex, diff_fd = _rates_and_short_flow(loss, p)
     scale = np.max(np.abs(ex.diff))
@@ -79,15 +77,10 @@ def test_residual_token_component_stage3_force_is_the_gih_law():
     from gflow.checks._base import model_force_grid
     from gflow.theory import gih_force
 
-    cfg = from_dict({"data": {"d": 3, "L": 20, "parents": [1, 2]}, "model": {"member": "residual"},
-                     "estimator": {"N": 400}})  # fmt: skip
-    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
-    w = np.zeros((cfg.model.H, cfg.model.M))
-    w[np.arange(cfg.model.H), np.arange(cfg.model.H)] = 1000.0  # head h on offset h
-    C = np.zeros(len(cfg.model.subsets))
-    C[cfg.model.subsets.index((0, 2))] = 1.0
+    cfg, loss, _ = _setup("sum", member="residual")
+    p = _onehot_params(cfg.model, (0, 2), 1000.0, 0.0)  # head h on offset h, c = e_{0,2}
     ag = jnp.linspace(0.0, 12.0, 13)
-    F = np.asarray(model_force_grid(loss, jnp.asarray(w), jnp.asarray(C), ag))
+    F = np.asarray(model_force_grid(loss, p.w, p.C, ag))
     gih = np.asarray(gih_force(make_gih(loss, (1, 2)), ag))
     assert np.max(np.abs(F - gih)) < 1e-12 * np.max(np.abs(gih))
     other = np.asarray(gih_force(make_gih(loss, (2,)), ag))
