@@ -71,6 +71,7 @@ from .dynamics import sde as sde
 from .dynamics import sgd as sgd
 from .runs import EvalResult as EvalResult
 from .runs import GridIncomplete as GridIncomplete
+from .runs import LimitResult as LimitResult
 from .runs import PhaseResult as PhaseResult
 from .runs import Replicates as Replicates
 from .runs import SweepResult as SweepResult
@@ -81,6 +82,7 @@ from .runs import integrate as integrate
 from .runs import integrate_batch as integrate_batch
 from .runs import merge_shards as merge_shards
 from .runs import plot_run as plot_run
+from .runs import run_limit as run_limit
 from .runs import run_phase as run_phase
 from .runs import run_replicates as run_replicates
 from .runs import run_sweep as run_sweep

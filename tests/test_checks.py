@@ -51,7 +51,6 @@ DECIDED_ON_SMALL = (
     ("II: s^(2)_2", "exact"),
     ("II: exponent β of 1−s^(1)_1", "finite"),
     ("II: heads outside {1,2}", "finite"),
-    ("III: slope of a vs log τ in window (paper: 1)", "paper"),
     ("III: ∂τa vs η_a F(a)", "finite"),
     ("III: a at end vs a°", "exact"),
     ("III: a at end vs a*", "finite"),
@@ -64,6 +63,18 @@ def _decided(report, prefix):
     rows = [r for r in report.rows if r.name.startswith(prefix) and r.passed is not None]
     assert len(rows) >= 1, (prefix, [(r.name, r.tolerance) for r in report.rows])
     return rows
+
+
+def test_asymptotic_paper_rows_name_the_limit_command(checked_run):
+    """The paper's L → ∞ rows are undecided at a finite size and name the ``gflow limit`` command
+    that decides them (the Stage III slope's [1/2, 2] interval passed nearly any flow)."""
+    _, traj, _, report = checked_run
+    L = traj.config.data.L
+    cmd = f"gflow limit CONFIG --param data.L={L},{2 * L},{4 * L},{8 * L}"
+    for name in ("III: slope of a vs log τ in window (paper: 1)", "I: slope of log(c_{1,2}/c_"):
+        (row,) = [r for r in report.rows if r.name.startswith(name) and r.claim == "paper"]
+        assert row.passed is None and cmd in row.tolerance, (row.name, row.tolerance)
+        assert isinstance(row.measured, float) and math.isfinite(row.measured)
 
 
 def test_small_flow_every_prediction_passes(checked_run):
@@ -79,7 +90,7 @@ def test_small_flow_every_prediction_passes(checked_run):
             assert r.passed is True and r.claim == claim, r
     # the undecided rows are exactly the informational ones (the loss ladder's: tests/test_ladder.py)
     info = [r.name for r in report.rows if r.passed is None and not r.name.startswith(("ladder:", "strategies:"))]
-    assert len(info) == 3 and any("Ĩ" in n for n in info), info
+    assert len(info) == 4 and any("Ĩ" in n for n in info) and any("(paper: 1)" in n for n in info), info
     for r in report.rows:
         assert r.claim in ("paper", "finite", "exact")
         if r.passed is None:

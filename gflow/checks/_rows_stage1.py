@@ -197,8 +197,10 @@ def rows_slopes(ctx: Ctx) -> None:
             )
         )
     It = ctx.th.ranking.Itilde
+    L = int(ctx.cfg.data.L)
     ctx.info(f"I: slope of {lab} (Ĩ: one-hot, L→∞ limit)", k * (It[iA] - It[iR]), float(slopes[iR]),
-             "Ĩ is J's limit for a one-hot copier and L → ∞, not its value at finite w₊, L", "paper")  # fmt: skip
+             "Ĩ is J's limit for a one-hot copier and L → ∞, not its value at finite w₊, L: decided in the limit "
+             f"by `gflow limit CONFIG --param data.L={L},{2 * L},{4 * L},{8 * L}`", "paper")  # fmt: skip
 
 
 def row_norm(ctx: Ctx) -> None:

@@ -196,7 +196,12 @@ def _row_slope_paper(ctx: Ctx, d: _S3) -> None:
     axis) until then, so decades of τ spent at a ≈ a₀ would pull any fit towards 0 (with
     parents (1, 5) at L = 20 a fit from τ = 2·10⁻⁴ gave 0.13). Allowed ``[1/2, 2]``, the factor
     2 by which the window lets ``F e^a`` vary. Wrong answer: the slope × 2.5 (or ÷ 2.5 below
-    1), e.g. ``a = (1/3) log t``."""
+    1), e.g. ``a = (1/3) log t``.
+
+    Undecided at every finite size: the slope is 1 only as L → ∞ (the window [a_lo, a_hi]
+    widens like ln L), and the interval [1/2, 2] would pass nearly any flow; the row names
+    the ``gflow limit`` command that decides it by finite-size scaling, and the finite rows
+    (the GIH law's and the member's own slope) carry the prediction at this size."""
     lo, hi = d.law.window
     lo_fit = max(lo, d.a_start + PLATEAU_EXIT)
     slope, n = log_slope(d.tau, d.a, (lo, hi), a_start=d.a_start)
@@ -210,6 +215,9 @@ def _row_slope_paper(ctx: Ctx, d: _S3) -> None:
     if n < 3:
         why = why or f"{n} saved times with {where}"
     wrong = None if not math.isfinite(slope) else (slope * 2.5 if slope >= 1 else slope / 2.5)
+    L = int(ctx.cfg.data.L)
+    why = why or (f"an L → ∞ claim, decided in the limit by `gflow limit CONFIG --param data.L={L},{2 * L},{4 * L},"
+                  f"{8 * L}`; at this size the member's own law predicts the row below ({n} pts, {where})")  # fmt: skip
     ctx.add(
         decided_row(
             name, 1.0, None if not math.isfinite(slope) else slope,

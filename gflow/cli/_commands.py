@@ -281,6 +281,28 @@ def cmd_sweep(args) -> int:
     return EXIT_FAILED if res.failed else EXIT_OK
 
 
+def cmd_limit(args) -> int:
+    from ..config import load_config
+    from ..runs import check_executor, limit_grid, preflight, run_limit
+
+    cfg = load_config(args.config)
+    _, points = limit_grid(cfg, args.param)  # the grid's problems, before any compute
+    for _, point in points:
+        preflight(point)
+    check_executor(args.executor)
+    out = Path(args.out)
+    if not args.quiet:
+        print(f"gflow limit: {args.config or 'the paper default'} over {', '.join(args.param)}, "
+              f"{args.replicates} replicates a size -> {out}", flush=True)  # fmt: skip
+    res = run_limit(cfg, args.param, out=out, R=args.replicates, flows=not args.theory_only, n_pi=args.n_pi,
+                    resume=args.resume, overwrite=args.overwrite, executor=args.executor,
+                    verbose=not args.quiet, plot=not args.no_plot)  # fmt: skip
+    if not args.quiet:
+        print(res.table())
+        print(f"  {len(res.points)} sizes in {res.wall:.1f} s; {', '.join(str(f) for f in res.files[:2])}")
+    return EXIT_OK
+
+
 def cmd_plot(args) -> int:
     d = Path(args.dir)
     plot_folder(d, Path(args.out) if args.out else d / "figures", args.format, quiet=False, spectrum=args.spectrum or None)

@@ -27,6 +27,7 @@ examples:
   gflow check runs/small                    compare a saved run with its theory again
   gflow sweep --param data.L=50,100,200 --out runs/L
   gflow phase --param init.w_plus=log:0.5:8:8 --param data.L=20,40 --out runs/phase
+  gflow limit --param data.L=50,100,200,400 --out runs/limit
 
 --param syntax (run: one value a field; sweep, phase, eval: several):
   SECTION.KEY=V1,V2,...   the values are TOML values separated by commas, e.g.
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _eval_parser(sub)
     _phase_parsers(sub)
+    _limit_parser(sub)
 
     pl = _sub(sub, "plot", "draw the figures of a saved run",
               "Draw the figures of a saved run (c_frac, copier, a_vs_logt, rate, loss and summary) into "
@@ -190,6 +192,32 @@ def _phase_parsers(sub) -> None:
     pm.add_argument("dirs", nargs="+", help="the shards' folders (or one shared folder)")
     pm.add_argument("--out", required=True, help="output folder")
     pm.add_argument("--no-plot", action="store_true", help="skip the figures")
+
+
+def _limit_parser(sub) -> None:
+    """``gflow limit [CONFIG] --param data.L=50,100,200,400 [--param init.w_plus=…] --out DIR``."""
+    li = _sub(sub, "limit", "the paper's asymptotic claims decided by finite-size scaling in L (and w_plus)",
+              "Measure every asymptotic claim of the paper at three or more sizes (data.L, and/or init.w_plus), "
+              "with its standard error over R replicates per size, fit scaling models by weighted least squares "
+              "(q_inf, q_inf + b/L, q_inf + b/sqrt(L), q_inf + b/ln L; + c exp(-w_plus) with a w_plus axis; chosen "
+              "by AIC among those with a chi2 p-value >= 0.01), extrapolate to the limit with a 95% interval and "
+              "decide each claim: consistent, inconsistent or undecided. Writes OUT/limit.json, limit.md, "
+              "figures/limit_<claim>.png and the replicate runs under OUT/points/.")  # fmt: skip
+    li.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
+    li.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES",
+                    help="a scaling axis, data.L or init.w_plus, with three values or more (the sweep's syntax: "
+                    "data.L=50,100,200,400 or init.w_plus=lin:2:6:3)")  # fmt: skip
+    li.add_argument("--out", required=True, help="output folder (limit.json, limit.md, figures/, points/)")
+    li.add_argument("--replicates", type=int, default=4, metavar="R",
+                    help="independent replicates per size (estimator.seed = seed + r; default 4, at least 2)")
+    li.add_argument("--theory-only", action="store_true",
+                    help="only the claims computed on the samples (the Stage I rates); no flows")
+    li.add_argument("--n-pi", type=int, default=2000, help="kernels drawn for the Ĩ average (default 2000)")
+    li.add_argument("--executor", metavar="SPEC", help=_EXECUTOR_HELP + " (a size's replicates a task)")
+    li.add_argument("--resume", action="store_true", help="reuse the complete replicate runs in --out, compute the rest")
+    li.add_argument("--overwrite", action="store_true", help="replace the replicate runs already in --out")
+    li.add_argument("--no-plot", action="store_true", help="skip the figures")
+    li.add_argument("--quiet", action="store_true", help=_QUIET_HELP)
 
 
 def _eval_parser(sub) -> None:

@@ -7,6 +7,7 @@ Layer rule: imports the layers below; writes only the figure files it is asked f
 
 from ._base import FORMATS as FORMATS
 from ._eval import plot_eval as plot_eval
+from ._limit import plot_limit as plot_limit
 from ._phase import phase_row as phase_row
 from ._phase import plot_phase as plot_phase
 from ._plot import draw_run as draw_run

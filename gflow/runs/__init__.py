@@ -1,5 +1,5 @@
 """Run folders: replicates and their bands (``_replicates``, ``_bands``), sweeps
-(``_sweep``), phase grids (``_phase``), the evaluation of a trained θ on other
+(``_sweep``), phase grids (``_phase``), the paper's limits by finite-size scaling (``_limit``), the evaluation of a trained θ on other
 data (``_evaluate``), and the executors that run a grid's points elsewhere (``_executor``).
 
 Layer rule: the top of the library; the only layer that owns folders, locks and
@@ -23,6 +23,10 @@ from ._folder import lock as lock
 from ._folder import plot_run as plot_run
 from ._folder import save_theory as save_theory
 from ._folder import theory_digest as theory_digest
+from ._limit import LimitResult as LimitResult
+from ._limit import limit_grid as limit_grid
+from ._limit import load_limit as load_limit
+from ._limit import run_limit as run_limit
 from ._phase import PhaseResult as PhaseResult
 from ._phase import merge_shards as merge_shards
 from ._phase import run_phase as run_phase

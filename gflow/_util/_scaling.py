@@ -1,0 +1,139 @@
+"""Finite-size scaling: a quantity measured at several sizes, extrapolated to the limit.
+
+``q(x) ≈ q∞ + b·f(x)`` (or more terms) fitted by weighted least squares, weights
+``1/SE²``, for each candidate scaling model (:func:`fit_scaling`); the models are compared by
+Akaike's criterion ``AIC = χ² + 2p`` (p the number of fitted coefficients) among those that
+fit, a fit being one whose χ² has a p-value of at least :data:`P_FIT` for its degrees of
+freedom (:func:`chi2_sf`). The limit's standard error is the fit's, scaled by
+``√(χ²/dof)`` when that exceeds 1 (the Birge ratio: scatter beyond the stated errors widens
+the interval rather than being ignored).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["P_FIT", "Z95", "ScalingFit", "chi2_sf", "fit_scaling", "wls"]
+
+P_FIT = 0.01
+"""A scaling model fits when its χ² p-value is at least this."""
+
+Z95 = 1.959963984540054
+"""The two-sided 95 % normal quantile: a limit's interval is ``q∞ ± Z95·SE``."""
+
+
+def chi2_sf(x: float, k: int) -> float:
+    """``P(χ²_k ≥ x)``, the survival function of the χ² law with `k` ≥ 1 degrees of freedom,
+    in closed form (the regularised upper incomplete gamma function at half-integer order):
+    for even k, ``e^{−x/2} Σ_{i<k/2} (x/2)^i / i!``; for odd k, ``erfc(√(x/2))`` plus
+    ``e^{−x/2} Σ_{i<(k−1)/2} (x/2)^{i+1/2} / Γ(i + 3/2)``."""
+    if k < 1 or int(k) != k:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {k!r}")
+    if x <= 0:
+        return 1.0
+    h = 0.5 * x
+    if k % 2 == 0:
+        return float(math.exp(-h) * sum(h**i / math.factorial(i) for i in range(k // 2)))
+    s = math.erfc(math.sqrt(h))
+    s += math.exp(-h) * sum(h ** (i + 0.5) / math.gamma(i + 1.5) for i in range((k - 1) // 2))
+    return float(s)
+
+
+def wls(A, y, se) -> tuple[np.ndarray, np.ndarray, float]:
+    """Weighted least squares ``y ≈ A·β`` with weights ``1/se²``: ``(β, cov β, χ²)``,
+    ``cov β = (AᵀWA)⁻¹`` (the errors taken as known)."""
+    A = np.asarray(A, np.float64)
+    y = np.asarray(y, np.float64)
+    w = 1.0 / np.asarray(se, np.float64) ** 2
+    cov = np.linalg.inv(A.T @ (w[:, None] * A))
+    beta = cov @ (A.T @ (w * y))
+    r = y - A @ beta
+    return beta, cov, float(np.sum(w * r**2))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingFit:
+    """One scaling model fitted to ``(x, q ± se)``.
+
+    - `model`: its formula, e.g. ``"q∞ + b/L"``; `coef`: ``[q∞, b, …]``.
+    - `limit`, `limit_se`: ``q∞`` and its standard error (Birge-scaled, module docstring);
+      `interval`: ``q∞ ± Z95·limit_se``.
+    - `chi2`, `dof`, `p`: the fit's χ², its degrees of freedom and p-value; `fits`: ``p ≥ P_FIT``.
+    - `aic`: ``χ² + 2·(number of coefficients)``.
+    """
+
+    model: str
+    coef: tuple[float, ...]
+    limit: float
+    limit_se: float
+    chi2: float
+    dof: int
+    p: float
+    aic: float
+
+    @property
+    def fits(self) -> bool:
+        return self.p >= P_FIT
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.limit - Z95 * self.limit_se, self.limit + Z95 * self.limit_se)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """``q∞ + Σ b_i f_i`` at rows of features (without the constant column)."""
+        f = np.atleast_2d(np.asarray(features, np.float64))
+        return self.coef[0] + (f @ np.asarray(self.coef[1:]) if len(self.coef) > 1 else 0.0)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["coef"] = list(self.coef)
+        d["fits"] = self.fits
+        d["interval"] = list(self.interval)
+        return d
+
+
+def _fit_one(name: str, F: np.ndarray, y, se) -> ScalingFit | None:
+    A = np.column_stack([np.ones(len(y)), F]) if F.size else np.ones((len(y), 1))
+    dof = len(y) - A.shape[1]
+    if dof < 1 or np.linalg.matrix_rank(A) < A.shape[1]:
+        return None
+    beta, cov, chi2 = wls(A, y, se)
+    birge = max(1.0, chi2 / dof)
+    return ScalingFit(
+        model=name, coef=tuple(float(b) for b in beta), limit=float(beta[0]),
+        limit_se=float(math.sqrt(cov[0, 0] * birge)), chi2=chi2, dof=dof, p=chi2_sf(chi2, dof),
+        aic=chi2 + 2.0 * A.shape[1],
+    )  # fmt: skip
+
+
+def fit_scaling(
+    points: Sequence, q, se, models: Sequence[tuple[str, Sequence[Callable]]], *, se_floor: float = 1e-12
+) -> tuple[ScalingFit | None, list[ScalingFit]]:
+    """Fit every candidate model to ``q ± se`` measured at `points` and choose one.
+
+    - `points`: the sizes (anything the feature functions take, e.g. a dict per point).
+    - `models`: ``(formula, [f₁, f₂, …])``: the model ``q∞ + Σ b_i f_i(point)`` (no feature:
+      the constant model). A model with fewer points than coefficients + 1 is skipped.
+    - `se_floor`: a standard error below it (a quantity exactly equal over replicates) is
+      raised to it times ``max(1, |q|)``.
+
+    **Returns:** ``(chosen, every fit)``: the least AIC among the models that fit (p ≥ P_FIT);
+    when none fits, the least AIC of all with ``fits`` False (the caller says so); ``None``
+    when no model could be fitted.
+    """
+    y = np.asarray(q, np.float64)
+    s = np.maximum(np.asarray(se, np.float64), se_floor * np.maximum(1.0, np.abs(y)))
+    fits = []
+    for name, feats in models:
+        F = np.array([[f(p) for f in feats] for p in points], np.float64).reshape(len(y), len(feats))
+        r = _fit_one(name, F, y, s)
+        if r is not None:
+            fits.append(r)
+    if not fits:
+        return None, []
+    good = [f for f in fits if f.fits]
+    return min(good or fits, key=lambda f: f.aic), fits
