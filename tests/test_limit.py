@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gflow
-from gflow._util._scaling import Z95, ScalingFit, chi2_sf, fit_scaling, wls
+from gflow._util._scaling import Z95, ScalingFit, chi2_sf, fit_scaling, t95, wls
 from gflow.cli import main
 from gflow.runs._limit import CLAIMS, ONE_HOT_W_PLUS, _feature_models, decide, limit_grid
 
@@ -24,6 +24,15 @@ def test_chi2_survival_function_at_known_quantiles(k):
     if k in _Q99:
         assert chi2_sf(_Q99[k], k) == pytest.approx(0.01, abs=1e-13)
     assert chi2_sf(0.0, k) == 1.0
+
+
+@pytest.mark.parametrize("dof, q", [(1, 12.706204736), (3, 3.182446305), (12, 2.178812830), (25, 2.059538553),
+                                    (40, 2.021075390), (120, 1.979930405), (1000, 1.962339081)])  # fmt: skip
+def test_student_t_quantile_within_its_stated_accuracy(dof, q):
+    """Exact 97.5 % quantiles (the tabulated ones to 1e-9; between and beyond, within 1e-3)."""
+    assert t95(dof) == pytest.approx(q, abs=1e-3)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t95(0)
 
 
 def test_chi2_survival_function_rejects_bad_degrees_of_freedom():
@@ -169,7 +178,8 @@ def test_theory_only_limit_values_are_the_stage1_rates_of_each_replicate(theory_
             assert c["verdict"] == "undecided" and (c["flow"] or "could be fitted" in c["reason"])
             continue
         pts = [s["point"] for s in c["sizes"]]
-        fit, _ = fit_scaling(pts, [s["mean"] for s in c["sizes"]], [s["se"] for s in c["sizes"]],
+        se = [s["se"] * t95(s["n"] - 1) / Z95 for s in c["sizes"]]  # Student-t at n = 2 replicates
+        fit, _ = fit_scaling(pts, [s["mean"] for s in c["sizes"]], se,
                              [(m, f) for m, f in _feature_models(("data.L",)) if m == c["fit"]["model"]])  # fmt: skip
         assert fit.limit == pytest.approx(c["fit"]["limit"], rel=1e-12)
     assert all(c["verdict"] == "undecided" and "not run" in c["reason"] for c in res.claims if c["flow"])

@@ -17,13 +17,35 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["P_FIT", "Z95", "ScalingFit", "chi2_sf", "fit_scaling", "wls"]
+__all__ = ["P_FIT", "Z95", "ScalingFit", "chi2_sf", "fit_scaling", "t95", "wls"]
 
 P_FIT = 0.01
 """A scaling model fits when its χ² p-value is at least this."""
 
 Z95 = 1.959963984540054
 """The two-sided 95 % normal quantile: a limit's interval is ``q∞ ± Z95·SE``."""
+
+
+# Student's t 97.5 % quantiles for 1..10 degrees of freedom, then 15, 20, 30, 60 (standard tables)
+_T975 = {1: 12.706204736, 2: 4.302652730, 3: 3.182446305, 4: 2.776445105, 5: 2.570581836, 6: 2.446911851,
+         7: 2.364624252, 8: 2.306004135, 9: 2.262157163, 10: 2.228138852, 15: 2.131449546, 20: 2.085963447,
+         30: 2.042272456, 60: 2.000297822}  # fmt: skip
+
+
+def t95(dof: int) -> float:
+    """The two-sided 95 % quantile of Student's t with `dof` ≥ 1 degrees of freedom: tabulated
+    to 10 and at 15, 20, 30, 60, linear in 1/dof between and towards the normal's :data:`Z95`
+    beyond 60 (within 10⁻³ of the exact quantile)."""
+    if dof < 1 or int(dof) != dof:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {dof!r}")
+    if dof in _T975:
+        return _T975[dof]
+    if dof > 60:
+        return Z95 + (_T975[60] - Z95) * 60.0 / dof
+    lo = max(k for k in _T975 if k < dof)
+    hi = min(k for k in _T975 if k > dof)
+    u = (1.0 / dof - 1.0 / hi) / (1.0 / lo - 1.0 / hi)
+    return _T975[hi] + u * (_T975[lo] - _T975[hi])
 
 
 def chi2_sf(x: float, k: int) -> float:

@@ -19,7 +19,7 @@ def plot_limit(claim: dict, axes, path: str | Path) -> Path:
     """q ± 2 SE at each size against the chosen model's scaling variable (1/L for the constant
     model; with w₊ alone, e^{−w₊}), the fitted line to the limit at 0 (one line per w₊ when w₊
     is a second axis), the limit's 95 % interval as a bar at 0, and the claim (its value, or 0
-    for a claim q∞ > 0) as a dashed line."""
+    for a claim q∞ > 0) as a dashed line, shaded over the band ± resolution its verdict tests."""
     fig = new_figure((6.4, 4.6))
     ax = fig.subplots()
     fit = claim["fit"]
@@ -53,11 +53,17 @@ def plot_limit(claim: dict, axes, path: str | Path) -> Path:
     want = claim["value"] if claim["kind"] == "eq" else 0.0
     ax.axhline(want, color="tab:red", ls="--", lw=1.2,
                label=f"paper: q∞ = {want:.4g}" if claim["kind"] == "eq" else "paper: q∞ > 0")  # fmt: skip
+    if claim["kind"] == "eq":  # the band the verdict's equivalence test uses (not rescaling the axes)
+        r = claim["resolution"] * (abs(want) if claim["relative"] else 1.0)
+        lim = ax.get_ylim()
+        ax.axhspan(want - r, want + r, color="tab:red", alpha=0.08, lw=0, label=f"the claim's band ± {r:.3g}")
+        ax.set_ylim(lim)
     ax.set_xlabel(xlab + " (0: the limit)")
     ax.set_ylabel(claim["quantity"], fontsize=8)
     ax.set_title(f"{claim['statement']}\nverdict: {claim['verdict']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_savefig(fig, path)
 
 

@@ -18,7 +18,9 @@ are computed on the same samples in this process.
 ``q∞ + b/ln L``; with a ``init.w_plus`` axis each adds ``c·e^{−w₊}`` (the copier's off-target
 mass at initialisation is ``∝ e^{−w₊}``), and with ``init.w_plus`` alone the models are
 ``q∞`` and ``q∞ + c·e^{−w₊}``. Weighted least squares (weights 1/SE²), the model chosen by
-AIC among those whose χ² p-value is ≥ 0.01; when none fits, the claim is undecided. The
+AIC among those whose χ² p-value is ≥ 0.01; when none fits, the claim is undecided. A
+size's SE, estimated from its R replicates, enters the fit scaled by t_{R−1}/1.96 (1.62 at
+R = 4), so that its ± 1.96·SE is the Student-t 95 % interval of its mean. The
 interval is the chosen model's; another model that fits within ΔAIC ≤ 2 of it and reaches a
 different verdict makes the claim undecided (the extrapolation would be the model's, not the
 data's).
@@ -70,7 +72,7 @@ from typing import Any
 import numpy as np
 
 from .._util import atomic_write_json, atomic_write_text, jsonable
-from .._util._scaling import Z95, ScalingFit, fit_scaling
+from .._util._scaling import Z95, ScalingFit, fit_scaling, t95
 from ..config import Config
 from ..core import make_loss, subset_label
 from ..core._model import init_params
@@ -378,7 +380,8 @@ def run_limit(
         stats = {key: _mean_se(v) for key, v in q.items()}
         per_point.append({"point": dict(point), "dir": str(folder.relative_to(out)), "selected": selected,
                           "q": q, "mean": {k_: s[0] for k_, s in stats.items()},
-                          "se": {k_: s[1] for k_, s in stats.items()}, "wall": float(saved["wall"])})  # fmt: skip
+                          "se": {k_: s[1] for k_, s in stats.items()}, "n": {k_: s[2] for k_, s in stats.items()},
+                          "wall": float(saved["wall"])})  # fmt: skip
         if verbose:
             took = time.perf_counter() - tp
             print(f"  size {k + 1}/{len(points)} {point}: {took:.1f} s" + (f" (reused; computed in {saved['wall']:.1f} s)"
@@ -401,7 +404,9 @@ def _decide_all(axes, per_point, values, S_star, flows) -> list[dict]:
         rows = [p for p in per_point if math.isfinite(p["mean"][c.key])]
         pts = [p["point"] for p in rows]
         mean = [p["mean"][c.key] for p in rows]
-        se = [p["se"][c.key] for p in rows]
+        # a size's SE is estimated from its n replicates (n − 1 degrees of freedom): scaled by
+        # t_{n−1}/z, so that its ± 1.96·SE is the Student-t 95 % interval of its mean
+        se = [p["se"][c.key] * t95(p["n"][c.key] - 1) / Z95 if p["n"][c.key] > 1 else 0.0 for p in rows]
         se = [s if math.isfinite(s) else 0.0 for s in se]
         chosen, every = fit_scaling(pts, mean, se, models) if len(rows) >= MIN_SIZES else (None, [])
         flows_ok = None
@@ -423,7 +428,8 @@ def _decide_all(axes, per_point, values, S_star, flows) -> list[dict]:
                 verdict = "undecided"
         out.append({
             **dataclasses.asdict(c), "value": value if c.kind == "eq" else 0.0, "value_se": value_se,
-            "sizes": [{"point": p["point"], "mean": p["mean"][c.key], "se": p["se"][c.key]} for p in per_point],
+            "sizes": [{"point": p["point"], "mean": p["mean"][c.key], "se": p["se"][c.key], "n": p["n"][c.key]}
+                      for p in per_point],
             "fit": None if chosen is None else chosen.to_json(), "candidates": [f.to_json() for f in every],
             "verdict": verdict, "reason": why,
         })  # fmt: skip
