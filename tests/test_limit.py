@@ -10,7 +10,7 @@ import pytest
 import gflow
 from gflow._util._scaling import Z95, ScalingFit, chi2_sf, fit_scaling, t95, wls
 from gflow.cli import main
-from gflow.runs._limit import CLAIMS, ONE_HOT_W_PLUS, _feature_models, decide, limit_grid
+from gflow.runs._limit import CLAIMS, ONE_HOT_W_PLUS, _feature_models, copier_contrast, decide, limit_grid
 
 # χ² quantiles at 95 % (to 15 digits) and at 99 %: P(χ²_k ≥ x) is 0.05 and 0.01
 _Q95 = {1: 3.841458820694124, 2: 5.991464547107979, 3: 7.814727903251178, 4: 9.487729036781154,
@@ -89,11 +89,14 @@ def test_fit_scaling_widens_the_interval_by_the_birge_ratio():
 
 
 def test_fit_scaling_with_a_w_plus_axis_separates_the_two_limits():
-    """q = 1 + 3/L − 0.5 e^{−w₊} on a 3 × 3 grid: the model with both terms, limit 1."""
+    """q = 1 + 3/L − 0.5 (1 − λ_w(w₊)) on a 3 × 3 grid: the model with both terms, limit 1; λ_w
+    of a head starting at w₊ = w₋ is (1/M)^{2k}."""
+    assert copier_contrast(0.1, 0.1, 3, 2) == pytest.approx(3.0**-4, rel=1e-14)
+    assert copier_contrast(60.0, 0.1, 3, 2) == pytest.approx(1.0, abs=1e-20)
     pts = [{"data.L": L, "init.w_plus": w} for L in (20, 40, 80) for w in (1.0, 2.0, 4.0)]
-    q = [1 + 3 / p["data.L"] - 0.5 * math.exp(-p["init.w_plus"]) for p in pts]
+    q = [1 + 3 / p["data.L"] - 0.5 * (1 - copier_contrast(p["init.w_plus"], 0.1, 3, 2)) for p in pts]
     chosen, _ = fit_scaling(pts, q, [1e-4] * 9, _feature_models(("data.L", "init.w_plus")))
-    assert chosen.model == "q∞ + b/L + c·e^(−w₊)"
+    assert chosen.model == "q∞ + b/L + c·(1 − λ_w)"
     np.testing.assert_allclose(chosen.coef, [1, 3, -0.5], atol=1e-9)
 
 
@@ -164,7 +167,7 @@ def test_theory_only_limit_values_are_the_stage1_rates_of_each_replicate(theory_
     sets = cfg.model.subsets
     i = sets.index(tuple(int(h) for h in js["ranking"]["S_star"].strip("{}").split(",")))
     j = sets.index(tuple(int(h) for h in js["ranking"]["runner_up"].strip("{}").split(",")))
-    for k, L in enumerate((10, 20, 40)):
+    for k, L in ((0, 10), (2, 40)):  # the smallest and the largest size (each recomputation is a theory_report)
         q = js["points"][k]["q"]
         for r in range(2):
             c = cfg.replace(data={"L": L}, estimator={"seed": r})

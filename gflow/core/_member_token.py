@@ -19,20 +19,13 @@ import jax.numpy as jnp
 
 from ._registry import register
 from ._tables import (
-    AbstractWindowModel,
+    AbstractRPEWindowModel,
     check_aligned_heads,
     eye_stack,
     kappa_readout,
     onehots,
     rpe_attention,
     sum_norm_combine,
-)
-from ._traits import (
-    AbstractCSelector,
-    AbstractOffsetSpan,
-    AbstractOwnOffsets,
-    AbstractPaperStages,
-    AbstractRPECopier,
 )
 
 
@@ -44,14 +37,7 @@ def token_matrix(p, form: str):
 
 
 @register
-class TokenModel(
-    AbstractWindowModel,
-    AbstractRPECopier,
-    AbstractOffsetSpan,
-    AbstractCSelector,
-    AbstractOwnOffsets,
-    AbstractPaperStages,
-):
+class TokenModel(AbstractRPEWindowModel):
     """The paper's model with a token-aware first layer (see the module docstring)."""
 
     name = "token"

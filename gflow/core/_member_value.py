@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from ._registry import register
 from ._tables import (
-    AbstractWindowModel,
+    AbstractRPEWindowModel,
     check_aligned_heads,
     eye_stack,
     kappa_readout,
@@ -28,24 +28,10 @@ from ._tables import (
     rpe_attention,
     sum_norm_combine,
 )
-from ._traits import (
-    AbstractCSelector,
-    AbstractOffsetSpan,
-    AbstractOwnOffsets,
-    AbstractPaperStages,
-    AbstractRPECopier,
-)
 
 
 @register
-class ValueModel(
-    AbstractWindowModel,
-    AbstractRPECopier,
-    AbstractOffsetSpan,
-    AbstractCSelector,
-    AbstractOwnOffsets,
-    AbstractPaperStages,
-):
+class ValueModel(AbstractRPEWindowModel):
     """The paper's model with a value matrix per head and an optional LayerNorm."""
 
     name = "value"

@@ -34,6 +34,13 @@ from ._member_paper import AUTO_MAX_SPARSE, sparse_table_size, table_layout
 from ._model import ModelConfig, Params
 from ._ops import sequence_loss
 from ._paper import predict_from_counts, shifted_windows, sparse_query_block, sparse_windows
+from ._traits import (
+    AbstractCSelector,
+    AbstractOffsetSpan,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+    AbstractRPECopier,
+)
 
 # nn.LayerNorm's ε (PyTorch's default, the official code's LayerNorm(d))
 LN_EPS = 1e-5
@@ -316,3 +323,17 @@ def check_aligned_heads(model: ModelConfig, what: str) -> None:
 def eye_stack(H: int, d: int, s: float, dtype):
     """``s·I_d`` for each of H heads, ``(H, d, d)``."""
     return jnp.asarray(np.broadcast_to(s * np.eye(d), (H, d, d)).copy(), dtype)
+
+
+class AbstractRPEWindowModel(
+    AbstractWindowModel,
+    AbstractRPECopier,
+    AbstractOffsetSpan,
+    AbstractCSelector,
+    AbstractOwnOffsets,
+    AbstractPaperStages,
+):
+    """The paper's layers on the window tables, of which a member changes one part: an RPE copier
+    per head (``softmax(w^(h))``) whose heads span and own their offsets, the selector C with
+    the sum norm, and the paper's three stages. ``"token"`` (a token-aware score) and ``"value"``
+    (a value matrix per head) are this with one layer changed."""

@@ -3,7 +3,6 @@ limit with its 95 % interval and the claim's value (:mod:`gflow.runs._limit`).""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,12 @@ from ._base import new_figure
 _X = {"b/L": ("1/L", lambda L: 1.0 / L), "b/√L": ("1/√L", lambda L: L**-0.5), "b/ln L": ("1/ln L", lambda L: 1.0 / np.log(L))}
 
 
-def plot_limit(claim: dict, axes, path: str | Path) -> Path:
+def plot_limit(claim: dict, axes, path: str | Path, *, contrast=None) -> Path:
     """q ± 2 SE at each size against the chosen model's scaling variable (1/L for the constant
-    model; with w₊ alone, e^{−w₊}), the fitted line to the limit at 0 (one line per w₊ when w₊
+    model; with w₊ alone, 1 − λ_w, the initial copier's contrast), the fitted line to the limit at 0 (one line per w₊ when w₊
     is a second axis), the limit's 95 % interval as a bar at 0, and the claim (its value, or 0
     for a claim q∞ > 0) as a dashed line, shaded over the band ± resolution its verdict tests."""
+    lam = contrast or (lambda w: 1.0)  # λ_w(w₊), the runner's copier_contrast at S*'s size
     fig = new_figure((6.4, 4.6))
     ax = fig.subplots()
     fit = claim["fit"]
@@ -29,7 +29,7 @@ def plot_limit(claim: dict, axes, path: str | Path) -> Path:
         xlab, xf = _X[term] if term else _X["b/L"]
         xof = lambda p: xf(p["data.L"])  # noqa: E731
     else:
-        xlab, xof = "e^(−w₊)", lambda p: math.exp(-p["init.w_plus"])  # noqa: E731
+        xlab, xof = "1 − λ_w (the initial copier's contrast)", lambda p: 1.0 - lam(p["init.w_plus"])  # noqa: E731
     groups: dict = {}
     for s in claim["sizes"]:
         g = s["point"].get("init.w_plus") if len(axes) == 2 else None
@@ -44,7 +44,7 @@ def plot_limit(claim: dict, axes, path: str | Path) -> Path:
         if fit and rows:
             pts = [r["point"] for r in rows]
             xs = np.linspace(0.0, float(np.nanmax(x)) * 1.05, 60)
-            ys = _line(fit, model, pts[0], xs, axes)
+            ys = _line(fit, model, pts[0], xs, axes, lam)
             ax.plot(xs, ys, "-", color=col, lw=1, alpha=0.8, label=f"fit {model} (p = {fit['p']:.2g})" if n == 0 else None)
     if fit:
         lo, hi = fit["interval"]
@@ -67,7 +67,7 @@ def plot_limit(claim: dict, axes, path: str | Path) -> Path:
     return atomic_savefig(fig, path)
 
 
-def _line(fit: dict, model: str, point: dict, xs: np.ndarray, axes) -> np.ndarray:
+def _line(fit: dict, model: str, point: dict, xs: np.ndarray, axes, lam) -> np.ndarray:
     """The fitted model along the x axis at the fixed other coordinate of `point`."""
     coef = fit["coef"]
     y = np.full_like(xs, coef[0])
@@ -76,6 +76,6 @@ def _line(fit: dict, model: str, point: dict, xs: np.ndarray, axes) -> np.ndarra
         y = y + coef[1] * xs  # linear in its own scaling variable
         k = 2
     if "init.w_plus" in axes:
-        wterm = xs if "data.L" not in axes else math.exp(-point["init.w_plus"])
+        wterm = xs if "data.L" not in axes else 1.0 - lam(point["init.w_plus"])
         y = y + coef[k] * wterm
     return y

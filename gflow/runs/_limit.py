@@ -15,9 +15,10 @@ L), through the executors, each replicate checked (:mod:`gflow.checks`). Theory-
 are computed on the same samples in this process.
 
 **The scaling models.** ``q(L) = q∞`` (constant), ``q∞ + b/L``, ``q∞ + b/√L`` and
-``q∞ + b/ln L``; with a ``init.w_plus`` axis each adds ``c·e^{−w₊}`` (the copier's off-target
-mass at initialisation is ``∝ e^{−w₊}``), and with ``init.w_plus`` alone the models are
-``q∞`` and ``q∞ + c·e^{−w₊}``. Weighted least squares (weights 1/SE²), the model chosen by
+``q∞ + b/ln L``; with a ``init.w_plus`` axis each adds ``c·(1 − λ_w)``, λ_w = s^{2|S*|} the
+initial copier's contrast (s = 1/(1 + (M−1)e^{w₋−w₊}) a head's mass on its own offset: to first
+order J(S) at a blurred copier is λ_w times its one-hot value), and with ``init.w_plus`` alone
+the models are ``q∞`` and ``q∞ + c·(1 − λ_w)``. Weighted least squares (weights 1/SE²), the model chosen by
 AIC among those whose χ² p-value is ≥ 0.01; when none fits, the claim is undecided. A
 size's SE, estimated from its R replicates, enters the fit scaled by t_{R−1}/1.96 (1.62 at
 R = 4), so that its ± 1.96·SE is the Student-t 95 % interval of its mean. The
@@ -120,14 +121,22 @@ CLAIMS = (
 )  # fmt: skip
 
 
-def _feature_models(axes: tuple[str, ...]) -> list[tuple[str, list]]:
-    """The candidate scaling models for the grid's axes (module docstring)."""
+def copier_contrast(w_plus: float, w_minus: float, M: int, k: int) -> float:
+    """λ_w = s^{2k}, the initial copier's contrast for a set of k heads: s = 1/(1 + (M−1)e^{w₋−w₊}) the
+    softmax mass of a head on its own offset when it starts at w₊ there and w₋ on the other M − 1."""
+    return (1.0 / (1.0 + (M - 1) * math.exp(w_minus - w_plus))) ** (2 * k)
+
+
+def _feature_models(axes: tuple[str, ...], *, w_minus: float = 0.1, M: int = 3, k: int = 2) -> list[tuple[str, list]]:
+    """The candidate scaling models for the grid's axes (module docstring); the w₊ term's
+    variable is 1 − λ_w (:func:`copier_contrast` of the initial copier, `k` the heads of S*)."""
     forms = [("", []), (" + b/L", [lambda p: 1.0 / p["data.L"]]), (" + b/√L", [lambda p: p["data.L"] ** -0.5]),
              (" + b/ln L", [lambda p: 1.0 / math.log(p["data.L"])])]  # fmt: skip
     if "data.L" not in axes:
         forms = forms[:1]
     if "init.w_plus" in axes:
-        forms = [(f + " + c·e^(−w₊)", fs + [lambda p: math.exp(-p["init.w_plus"])]) for f, fs in forms]
+        lam = lambda p: 1.0 - copier_contrast(p["init.w_plus"], w_minus, M, k)  # noqa: E731
+        forms = [(f + " + c·(1 − λ_w)", fs + [lam]) for f, fs in forms]
     return [("q∞" + f, fs) for f, fs in forms]
 
 
@@ -386,17 +395,18 @@ def run_limit(
             took = time.perf_counter() - tp
             print(f"  size {k + 1}/{len(points)} {point}: {took:.1f} s" + (f" (reused; computed in {saved['wall']:.1f} s)"
                   if took < 0.5 * saved["wall"] else ""), flush=True)  # fmt: skip
-    claims = _decide_all(axes, per_point, values, S_star, flows)
+    claims = _decide_all(config, axes, per_point, values, S_star, flows)
     res = LimitResult(axes=axes, points=per_point, claims=claims, wall=time.perf_counter() - t0,
                       ranking={"sets": [subset_label(S) for S in sets], "Itilde": It.tolist(),
                                "Itilde_se": np.asarray(rank.Itilde_se).tolist(), "S_star": subset_label(S_star),
                                "runner_up": subset_label(R_set), "n_pi": int(rank.n_pi)})  # fmt: skip
-    res.files = _write(res, out, plot=plot)
+    w_minus, M = float(config.init.w_minus), int(config.model.M)
+    res.files = _write(res, out, plot=plot, contrast=lambda w: copier_contrast(w, w_minus, M, len(S_star)))
     return res
 
 
-def _decide_all(axes, per_point, values, S_star, flows) -> list[dict]:
-    models = _feature_models(axes)
+def _decide_all(config, axes, per_point, values, S_star, flows) -> list[dict]:
+    models = _feature_models(axes, w_minus=float(config.init.w_minus), M=int(config.model.M), k=len(S_star))
     largest = max(p["point"].get("data.L", 0) for p in per_point)
     out = []
     for c in CLAIMS:
@@ -436,7 +446,7 @@ def _decide_all(axes, per_point, values, S_star, flows) -> list[dict]:
     return out
 
 
-def _write(res: LimitResult, out: Path, *, plot: bool) -> list[Path]:
+def _write(res: LimitResult, out: Path, *, plot: bool, contrast=None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "limit.json", res.to_json())
     files = [out / "limit.json", out / "limit.md"]
@@ -445,7 +455,7 @@ def _write(res: LimitResult, out: Path, *, plot: bool) -> list[Path]:
         from ..figures import plot_limit
 
         for c in res.claims:
-            files.append(plot_limit(c, res.axes, out / "figures" / f"limit_{c['key']}.png"))
+            files.append(plot_limit(c, res.axes, out / "figures" / f"limit_{c['key']}.png", contrast=contrast))
     atomic_write_text(out / "limit.md", limit_markdown(res))
     return files
 
