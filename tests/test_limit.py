@@ -88,6 +88,26 @@ def test_fit_scaling_widens_the_interval_by_the_birge_ratio():
     assert fit.interval == pytest.approx((fit.limit - Z95 * fit.limit_se, fit.limit + Z95 * fit.limit_se))
 
 
+def test_fit_scaling_over_shared_samples_takes_the_limits_se_from_the_replicates():
+    """Replicates that share their draw across sizes (a common offset c_r at every L): the limit is
+    the mean curve's, its SE the spread of the per-replicate limits of the same linear estimator
+    (times t_{R−1}/1.96), here the offsets' spread; the WLS SE of the means, which treats the
+    sizes as independent, is not."""
+    Ls = [50, 100, 200, 400]
+    rng = np.random.default_rng(0)
+    c = np.array([0.05, -0.03, 0.02, -0.04])  # each replicate's shared offset
+    reps = np.array([[0.3 + 2 / L + cr + 1e-4 * rng.standard_normal() for L in Ls] for cr in c])
+    mean, se = reps.mean(0), reps.std(0, ddof=1) / 2
+    model = [("q∞ + b/L", [lambda p: 1 / p["data.L"]])]
+    shared, _ = fit_scaling(_pts(Ls), mean, se, model, replicates=reps)
+    alone = [fit_scaling(_pts(Ls), r, se, model)[0].limit for r in reps]
+    assert shared.limit == pytest.approx(float(np.mean(alone)), abs=1e-12)
+    assert shared.limit_se == pytest.approx(np.std(alone, ddof=1) / 2 * t95(3) / Z95, rel=1e-9)
+    assert shared.limit_se == pytest.approx(np.std(c, ddof=1) / 2 * t95(3) / Z95, rel=0.02)
+    with pytest.raises(ValueError, match="replicates: at least 2"):
+        fit_scaling(_pts(Ls), mean, se, model, replicates=np.full((3, 4), np.nan))
+
+
 def test_fit_scaling_with_a_w_plus_axis_separates_the_two_limits():
     """q = 1 + 3/L − 0.5 (1 − λ_w(w₊)) on a 3 × 3 grid: the model with both terms, limit 1; λ_w
     of a head starting at w₊ = w₋ is (1/M)^{2k}."""

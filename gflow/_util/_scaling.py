@@ -6,7 +6,8 @@ Akaike's criterion ``AIC = χ² + 2p`` (p the number of fitted coefficients) amo
 fit, a fit being one whose χ² has a p-value of at least :data:`P_FIT` for its degrees of
 freedom (:func:`chi2_sf`). The limit's standard error is the fit's, scaled by
 ``√(χ²/dof)`` when that exceeds 1 (the Birge ratio: scatter beyond the stated errors widens
-the interval rather than being ignored).
+the interval rather than being ignored), or, when the points share their samples, the spread of
+the limits of the replicates (``fit_scaling(..., replicates=)``).
 """
 
 from __future__ import annotations
@@ -118,28 +119,42 @@ class ScalingFit:
         return d
 
 
-def _fit_one(name: str, F: np.ndarray, y, se) -> ScalingFit | None:
+def _fit_one(name: str, F: np.ndarray, y, se, reps=None) -> ScalingFit | None:
     A = np.column_stack([np.ones(len(y)), F]) if F.size else np.ones((len(y), 1))
     dof = len(y) - A.shape[1]
     if dof < 1 or np.linalg.matrix_rank(A) < A.shape[1]:
         return None
     beta, cov, chi2 = wls(A, y, se)
-    birge = max(1.0, chi2 / dof)
+    if reps is None:
+        limit_se = math.sqrt(cov[0, 0] * max(1.0, chi2 / dof))
+    else:  # the same linear estimator on each replicate's curve; the SE is their spread (Student-t)
+        w = 1.0 / np.asarray(se, np.float64) ** 2
+        a = (cov @ (A.T * w))[0]  # q∞ = a·y
+        lim = reps @ a
+        R = lim.size
+        limit_se = float(lim.std(ddof=1) / math.sqrt(R) * t95(R - 1) / Z95)
     return ScalingFit(
         model=name, coef=tuple(float(b) for b in beta), limit=float(beta[0]),
-        limit_se=float(math.sqrt(cov[0, 0] * birge)), chi2=chi2, dof=dof, p=chi2_sf(chi2, dof),
-        aic=chi2 + 2.0 * A.shape[1],
+        limit_se=float(limit_se), chi2=chi2, dof=dof, p=chi2_sf(chi2, dof), aic=chi2 + 2.0 * A.shape[1],
     )  # fmt: skip
 
 
 def fit_scaling(
-    points: Sequence, q, se, models: Sequence[tuple[str, Sequence[Callable]]], *, se_floor: float = 1e-12
-) -> tuple[ScalingFit | None, list[ScalingFit]]:
+    points: Sequence, q, se, models: Sequence[tuple[str, Sequence[Callable]]], *, replicates=None,
+    se_floor: float = 1e-12,
+) -> tuple[ScalingFit | None, list[ScalingFit]]:  # fmt: skip
     """Fit every candidate model to ``q ± se`` measured at `points` and choose one.
 
     - `points`: the sizes (anything the feature functions take, e.g. a dict per point).
     - `models`: ``(formula, [f₁, f₂, …])``: the model ``q∞ + Σ b_i f_i(point)`` (no feature:
       the constant model). A model with fewer points than coefficients + 1 is skipped.
+    - `replicates`: ``(R, n)``, each replicate's value at every point, when the points share
+      their samples (replicate r is the same draw at every size, so the sizes' errors are
+      correlated and a WLS standard error that treats them as independent is wrong). Then
+      ``q`` is their mean, the limit is the same, and its standard error is the spread of the
+      R limits the fit's linear estimator gives on each replicate's curve, times ``t_{R−1}/1.96``
+      (the Birge ratio is not applied: the spread measures the scatter directly). Replicates
+      with a NaN at some point are left out (at least 2 must remain).
     - `se_floor`: a standard error below it (a quantity exactly equal over replicates) is
       raised to it times ``max(1, |q|)``.
 
@@ -149,10 +164,16 @@ def fit_scaling(
     """
     y = np.asarray(q, np.float64)
     s = np.maximum(np.asarray(se, np.float64), se_floor * np.maximum(1.0, np.abs(y)))
+    reps = None
+    if replicates is not None:
+        reps = np.asarray(replicates, np.float64).reshape(-1, len(y))
+        reps = reps[np.all(np.isfinite(reps), axis=1)]
+        if reps.shape[0] < 2:
+            raise ValueError(f"replicates: at least 2 with a value at every point, got {reps.shape[0]}")
     fits = []
     for name, feats in models:
         F = np.array([[f(p) for f in feats] for p in points], np.float64).reshape(len(y), len(feats))
-        r = _fit_one(name, F, y, s)
+        r = _fit_one(name, F, y, s, reps)
         if r is not None:
             fits.append(r)
     if not fits:

@@ -10,8 +10,8 @@ decides the claim.
 **The grid.** One or two axes: ``data.L`` (the context length) and ``init.w_plus`` (the
 copier's initial sharpness w₊), each with at least three distinct values. Every point runs R
 replicates (:func:`gflow.runs.run_replicates`: ``estimator.seed = seed + r``, the same seeds
-at every size; their samples are independent across sizes, since a sample is drawn for its
-L), through the executors, each replicate checked (:mod:`gflow.checks`). Theory-only claims
+at every size, hence the same chains: a sample at L is the prefix of the one at a larger L),
+through the executors, each replicate checked (:mod:`gflow.checks`). Theory-only claims
 are computed on the same samples in this process.
 
 **The scaling models.** ``q(L) = q∞`` (constant), ``q∞ + b/L``, ``q∞ + b/√L`` and
@@ -21,7 +21,13 @@ order J(S) at a blurred copier is λ_w times its one-hot value), and with ``init
 the models are ``q∞`` and ``q∞ + c·(1 − λ_w)``. Weighted least squares (weights 1/SE²), the model chosen by
 AIC among those whose χ² p-value is ≥ 0.01; when none fits, the claim is undecided. A
 size's SE, estimated from its R replicates, enters the fit scaled by t_{R−1}/1.96 (1.62 at
-R = 4), so that its ± 1.96·SE is the Student-t 95 % interval of its mean. The
+R = 4), so that its ± 1.96·SE is the Student-t 95 % interval of its mean. The sizes share
+their samples: replicate r is the same N chains at every L (gflow's sample at L is the
+first L + 1 tokens of the one at a larger L, for the same seed), so their errors are correlated;
+the limit's SE is therefore the spread of the R limits that the chosen fit's linear estimator
+gives on each replicate's own curve q_r(L) (Student-t), and the χ² that decides whether a
+model fits, which treats the sizes as independent, is lenient (the shared part cancels in the
+residuals). The
 interval is the chosen model's; another model that fits within ΔAIC ≤ 2 of it and reaches a
 different verdict makes the claim undecided (the extrapolation would be the model's, not the
 data's).
@@ -418,7 +424,12 @@ def _decide_all(config, axes, per_point, values, S_star, flows) -> list[dict]:
         # t_{n−1}/z, so that its ± 1.96·SE is the Student-t 95 % interval of its mean
         se = [p["se"][c.key] * t95(p["n"][c.key] - 1) / Z95 if p["n"][c.key] > 1 else 0.0 for p in rows]
         se = [s if math.isfinite(s) else 0.0 for s in se]
-        chosen, every = fit_scaling(pts, mean, se, models) if len(rows) >= MIN_SIZES else (None, [])
+        # replicate r is the same N chains at every size (a size's sample is the prefix of a longer
+        # one), so the sizes' errors are correlated: the limit's SE is the spread over replicates
+        reps = np.array([p["q"][c.key] for p in rows], np.float64).T  # (R, sizes)
+        enough = int(np.all(np.isfinite(reps), axis=1).sum()) >= 2 if reps.size else False
+        chosen, every = (fit_scaling(pts, mean, se, models, replicates=reps if enough else None)
+                         if len(rows) >= MIN_SIZES else (None, []))  # fmt: skip
         flows_ok = None
         if c.key == "stage1_winner" and flows:
             big = [p for p in per_point if p["point"].get("data.L", 0) == largest]
