@@ -199,8 +199,9 @@ def _limit_parser(sub) -> None:
     li = _sub(sub, "limit", "the paper's asymptotic claims decided by finite-size scaling in L (and w_plus)",
               "Measure every asymptotic claim of the paper at three or more sizes (data.L, and/or init.w_plus), "
               "with its standard error over R replicates per size, fit scaling models by weighted least squares "
-              "(q_inf, q_inf + b/L, q_inf + b/sqrt(L), q_inf + b/ln L; + c exp(-w_plus) with a w_plus axis; chosen "
-              "by AIC among those with a chi2 p-value >= 0.01), extrapolate to the limit with a 95% interval and "
+              "(q_inf, q_inf + b/L, q_inf + b/sqrt(L), q_inf + b/ln L; with a w_plus axis + c (1 - lambda_w), "
+              "lambda_w the initial copier's contrast; chosen by AIC among those with a chi2 p-value >= 0.01; the "
+              "limit's SE over the replicates, which share their chains across sizes), extrapolate to the limit with a 95% interval and "
               "decide each claim: consistent, inconsistent or undecided. Writes OUT/limit.json, limit.md, "
               "figures/limit_<claim>.png and the replicate runs under OUT/points/.")  # fmt: skip
     li.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
