@@ -31,7 +31,7 @@ def test_help_has_description_examples_and_exit_codes(capsys):
 
 def test_every_subcommand_and_argument_is_described():
     subs = _subparsers(cli.build_parser())
-    assert set(subs) == {"run", "theory", "check", "sweep", "eval", "phase", "phase-merge", "plot"}
+    assert set(subs) == {"run", "theory", "check", "sweep", "eval", "phase", "phase-merge", "plot", "limit"}
     for name, sp in subs.items():
         assert sp.description and len(sp.description) > 40, name
         for a in sp._actions:
@@ -41,7 +41,7 @@ def test_every_subcommand_and_argument_is_described():
 
 
 def test_one_param_syntax():
-    """sweep, phase and eval document --param the same way, and the documented forms parse."""
+    """sweep, phase, eval and limit document --param the same way, and the documented forms parse."""
     from gflow.runs._sweep import parse_param
 
     helps = {
@@ -49,7 +49,7 @@ def test_one_param_syntax():
         for name, sp in _subparsers(cli.build_parser()).items()
         if any(a.dest == "param" for a in sp._actions)
     }
-    assert set(helps) == {"run", "sweep", "phase", "eval"}
+    assert set(helps) == {"run", "sweep", "phase", "eval", "limit"}
     run = helps.pop("run")  # one value a field, in the grids' syntax
     assert "one value each, the sweep's syntax" in run and "gflow sweep" in run
     assert all(h.startswith(cli.PARAM_HELP) for h in helps.values())

@@ -206,8 +206,8 @@ def _limit_parser(sub) -> None:
               "figures/limit_<claim>.png and the replicate runs under OUT/points/.")  # fmt: skip
     li.add_argument("config", nargs="?", help="base TOML configuration (default: the paper's default run)")
     li.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=VALUES",
-                    help="a scaling axis, data.L or init.w_plus, with three values or more (the sweep's syntax: "
-                    "data.L=50,100,200,400 or init.w_plus=lin:2:6:3)")  # fmt: skip
+                    help=PARAM_HELP + "; the scaling axes: data.L and/or init.w_plus, three values or more each "
+                    "(data.L=50,100,200,400, init.w_plus=lin:2:6:3)")  # fmt: skip
     li.add_argument("--out", required=True, help="output folder (limit.json, limit.md, figures/, points/)")
     li.add_argument("--replicates", type=int, default=4, metavar="R",
                     help="independent replicates per size (estimator.seed = seed + r; default 4, at least 2)")
