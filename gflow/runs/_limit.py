@@ -78,13 +78,10 @@ from typing import Any
 
 import numpy as np
 
-from .._util import atomic_write_json, atomic_write_text, jsonable
-from .._util._scaling import Z95, ScalingFit, fit_scaling, t95
+from .._util import Z95, ScalingFit, atomic_write_json, atomic_write_text, fit_scaling, jsonable, t95
 from ..config import Config
-from ..core import make_loss, subset_label
-from ..core._model import init_params
-from ..theory import Theory
-from ..theory._stage1 import modified_chi2_ranking, stage1_rates
+from ..core import init_params, make_loss, subset_label
+from ..theory import Theory, modified_chi2_ranking, stage1_rates
 from ..trajectory import load, selected_set
 from ._replicates import run_replicates
 from ._sweep import parse_param, point_dirname, sweep_points
