@@ -36,6 +36,7 @@ from ._rng import uniform as rng_uniform  # noqa: F401 (re-export: its uniforms)
 from ._roots import bisect_root as bisect_root
 from ._roots import bracketed_root as bracketed_root
 from ._roots import golden_max as golden_max
+from ._scaling import L_TERMS as L_TERMS
 from ._scaling import Z95 as Z95
 from ._scaling import ScalingFit as ScalingFit
 from ._scaling import chi2_sf as chi2_sf

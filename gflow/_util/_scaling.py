@@ -18,7 +18,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["P_FIT", "Z95", "ScalingFit", "chi2_sf", "fit_scaling", "t95", "wls"]
+__all__ = ["L_TERMS", "P_FIT", "Z95", "ScalingFit", "chi2_sf", "fit_scaling", "t95", "wls"]
+
+L_TERMS = {"b/L": ("1/L", lambda L: 1.0 / L), "b/√L": ("1/√L", lambda L: L**-0.5),
+           "b/ln L": ("1/ln L", lambda L: 1.0 / np.log(L))}
+"""The one-term corrections in the context length L: ``{term: (its variable's name, the variable
+as a function of L)}``; a model ``q∞ + b·x(L)`` is a straight line in x, with the limit at x = 0."""
 
 P_FIT = 0.01
 """A scaling model fits when its χ² p-value is at least this."""

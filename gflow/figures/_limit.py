@@ -7,11 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._util import atomic_savefig
+from .._util import L_TERMS, atomic_savefig
 from ._base import new_figure
-
-# the scaling variable each fitted model is linear in: the figure's x axis
-_X = {"b/L": ("1/L", lambda L: 1.0 / L), "b/√L": ("1/√L", lambda L: L**-0.5), "b/ln L": ("1/ln L", lambda L: 1.0 / np.log(L))}
 
 
 def plot_limit(claim: dict, axes, path: str | Path, *, contrast=None) -> Path:
@@ -24,9 +21,9 @@ def plot_limit(claim: dict, axes, path: str | Path, *, contrast=None) -> Path:
     ax = fig.subplots()
     fit = claim["fit"]
     model = fit["model"] if fit else "q∞"
-    term = next((k for k in _X if k in model), None)
+    term = next((k for k in L_TERMS if k in model), None)
     if "data.L" in axes:
-        xlab, xf = _X[term] if term else _X["b/L"]
+        xlab, xf = L_TERMS[term] if term else L_TERMS["b/L"]
         xof = lambda p: xf(p["data.L"])  # noqa: E731
     else:
         xlab, xof = "1 − λ_w (the initial copier's contrast)", lambda p: 1.0 - lam(p["init.w_plus"])  # noqa: E731
@@ -72,7 +69,7 @@ def _line(fit: dict, model: str, point: dict, xs: np.ndarray, axes, lam) -> np.n
     coef = fit["coef"]
     y = np.full_like(xs, coef[0])
     k = 1
-    if "data.L" in axes and any(t in model for t in _X):
+    if "data.L" in axes and any(t in model for t in L_TERMS):
         y = y + coef[1] * xs  # linear in its own scaling variable
         k = 2
     if "init.w_plus" in axes:

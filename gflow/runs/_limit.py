@@ -78,12 +78,22 @@ from typing import Any
 
 import numpy as np
 
-from .._util import Z95, ScalingFit, atomic_write_json, atomic_write_text, fit_scaling, jsonable, t95
+from .._util import (
+    L_TERMS,
+    Z95,
+    ScalingFit,
+    atomic_write_json,
+    atomic_write_text,
+    fit_scaling,
+    jsonable,
+    mean_se,
+    t95,
+)
 from ..config import Config
 from ..core import init_params, make_loss, subset_label
 from ..theory import Theory, modified_chi2_ranking, stage1_rates
-from ..trajectory import load, selected_set
-from ._replicates import run_replicates
+from ..trajectory import Trajectory, load, selected_set
+from ._replicates import RUN_DIR, run_replicates
 from ._sweep import parse_param, point_dirname, sweep_points
 
 AXES = ("data.L", "init.w_plus")
@@ -133,8 +143,7 @@ def copier_contrast(w_plus: float, w_minus: float, M: int, k: int) -> float:
 def _feature_models(axes: tuple[str, ...], *, w_minus: float = 0.1, M: int = 3, k: int = 2) -> list[tuple[str, list]]:
     """The candidate scaling models for the grid's axes (module docstring); the w₊ term's
     variable is 1 − λ_w (:func:`copier_contrast` of the initial copier, `k` the heads of S*)."""
-    forms = [("", []), (" + b/L", [lambda p: 1.0 / p["data.L"]]), (" + b/√L", [lambda p: p["data.L"] ** -0.5]),
-             (" + b/ln L", [lambda p: 1.0 / math.log(p["data.L"])])]  # fmt: skip
+    forms = [("", [])] + [(f" + {t}", [lambda p, x=x: float(x(p["data.L"]))]) for t, (_, x) in L_TERMS.items()]
     if "data.L" not in axes:
         forms = forms[:1]
     if "init.w_plus" in axes:
@@ -177,19 +186,22 @@ def limit_grid(config: Config, params) -> tuple[tuple[str, ...], list[tuple[dict
     return tuple(f for f, _ in pairs), points
 
 
-def _complete(folder: Path, R: int) -> list[Path] | None:
-    """The R replicate folders of a size when every one holds a complete, checked run (resume reuses
-    them as they are, without integrating or checking again), else ``None``."""
-    dirs = [folder / f"rep{r:03d}" for r in range(R)]
-    for d in dirs:
+def _complete(folder: Path, R: int) -> list[tuple[Path, Trajectory]] | None:
+    """The R replicate folders of a size and their trajectories when every one holds a complete,
+    checked run (resume reuses them as they are, without integrating or checking again), else
+    ``None``."""
+    out = []
+    for d in (folder / RUN_DIR.format(r) for r in range(R)):
         if not (d / "report.json").exists():
             return None
         try:
-            if load(d).status != "complete":
-                return None
+            tr = load(d)
         except (OSError, ValueError):
             return None
-    return dirs
+        if tr.status != "complete":
+            return None
+        out.append((d, tr))
+    return out
 
 
 def _saved_point(folder: Path, cfg: Config, R: int) -> dict | None:
@@ -210,15 +222,15 @@ def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def _flow_values(folder: Path, S_star) -> dict[str, float]:
-    """The flow claims' q of one replicate folder (NaN where the run or its report lacks it)."""
+def _flow_values(folder: Path, tr: Trajectory, S_star) -> dict[str, float]:
+    """The flow claims' q of one replicate folder and its trajectory `tr` (NaN where the run or its
+    report lacks it)."""
     nan = dict.fromkeys(("stage2_one_hot", "stage3_slope", "stage3_a", "stage3_loss"), math.nan)
     rep_path, th_path = folder / "report.json", folder / "theory.json"
     if not (rep_path.exists() and th_path.exists()):
         return nan
     report = json.loads(rep_path.read_text())
     th = Theory.from_json(json.loads(th_path.read_text()))
-    tr = load(folder)
     out = dict(nan)
     betas = [_num(r["measured"]) for r in _row(report, "II: exponent β of")]
     if betas:
@@ -307,10 +319,12 @@ def decide(claim: Claim, fit: ScalingFit | None, value: float, value_se: float, 
 
 
 def _mean_se(v) -> tuple[float, float, int]:
-    x = np.asarray([y for y in v if math.isfinite(y)], np.float64)
-    if x.size == 0:
+    """Mean, SE and count of the finite values (SE NaN for fewer than two: no spread to measure)."""
+    x = [y for y in v if math.isfinite(y)]
+    if not x:
         return math.nan, math.nan, 0
-    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else math.nan, int(x.size)
+    m, se = mean_se(x)
+    return float(m), float(se) if len(x) > 1 else math.nan, len(x)
 
 
 def run_limit(
@@ -367,16 +381,16 @@ def run_limit(
         selected = []
         saved = _saved_point(folder, cfg, R) if resume else None
         if flows:
-            dirs = _complete(folder, R) if resume else None
-            if dirs is None:  # integrate (resume: continue) the replicates; else reuse them as they are
+            runs = _complete(folder, R) if resume else None
+            if runs is None:  # integrate (resume: continue) the replicates; else reuse them as they are
                 reps = run_replicates(cfg, R, out=folder, resume=resume, overwrite=overwrite, check=True,
                                       verbose=verbose, executor=executor)  # fmt: skip
-                dirs = [Path(d) for d in reps.dirs]
+                runs = [(Path(d), tr) for d, tr in zip(reps.dirs, reps.trajectories)]
                 saved = None
-            for d in dirs:
-                sel = selected_set(load(d))
+            for d, tr in runs:
+                sel = selected_set(tr)
                 selected.append(None if sel is None else list(sel))
-                for key, v in _flow_values(d, S_star).items():
+                for key, v in _flow_values(d, tr, S_star).items():
                     q[key].append(v)
         if saved is None:
             sample_q = {}

@@ -127,7 +127,8 @@ __all__ = [
     "run_replicates",
 ]
 
-_RUN_DIR = "rep{:03d}"
+RUN_DIR = "rep{:03d}"
+"""Replicate r's folder in a replicates folder: ``RUN_DIR.format(r)``."""
 
 #: Bytes the samples of one vmapped batch may take (module docstring).
 SAMPLE_BUDGET = 2 * 2**30
@@ -518,7 +519,7 @@ def replicates_task(payload: dict[str, Any]) -> dict[str, Any]:
 def _folders(out: Path | None, n: int, *, resume: bool, overwrite: bool) -> tuple[list[Path | None], list[bool]]:
     """The replicates' run folders and whether each is resumed (`resume` and it holds a run);
     ``ValueError`` when some already hold runs and neither `resume` nor `overwrite` is given."""
-    dirs = [None if out is None else out / _RUN_DIR.format(r) for r in range(n)]
+    dirs = [None if out is None else out / RUN_DIR.format(r) for r in range(n)]
     if out is not None and not resume and not overwrite:
         taken = [str(d) for d in dirs if (d / "run.json").exists()]
         if taken:
