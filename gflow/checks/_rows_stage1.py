@@ -220,6 +220,7 @@ def row_norm(ctx: Ctx) -> None:
         method = ctx.cfg.solver.method_for("I")
         why = ("GD's modified flow grows ‖C‖² at the rate η λ_C² ‖∇_C L̂‖²" if method == "modified"
                else "explicit Euler grows ‖C‖² by η²‖∇_C L̂‖² per step" if method == "gd"
+               else "the central flow's oscillation term ½X∇S grows ‖C‖² at the edge" if method == "central"
                else "discrete noisy steps grow ‖C‖² (by η²‖∇_C L̂_B‖² per SGD step; Itô's term for the SDE)")
         ctx.info(name, 0.0, drift, why, "exact")
         return

@@ -23,6 +23,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "model.D": (0, 1024),
     "solver.max_steps": (1, 10**9),
     "solver.save_per_decade": (1, 10**4),
+    "solver.edge_eigs": (1, 64),
     "estimator.N": (1, 10**9),
     "estimator.seed": (0, 2**32 - 1),  # jax.random.key's 32-bit seed range (replicates add r to it)
     "estimator.chunk": (0, 10**9),

@@ -26,7 +26,7 @@ from ._limits import (
 )
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd", "modified", "sgd", "sde")
+_METHODS = ("tsit5", "kvaerno5", "gd", "modified", "central", "sgd", "sde")
 METHODS = _METHODS  # every solver.method a configuration accepts (gflow run runs each)
 # The stochastic methods: R seeds (``sgd.seeds``) of a noisy training run, not one flow. ``gflow run``
 # and ``gflow.integrate`` run them (a trajectory with a seed axis); the flow integrators do not.
@@ -106,8 +106,14 @@ class SolverConfig(eqx.Module):
       through a Hessian-vector product: about two gradients per evaluation in the counts
       and sparse layouts, docs/theory/mathematics.md §M9), integrated by Tsit5 like the flow with the
       same tolerances, stages, events and coordinates; ``eta = 0`` is the flow.
+      ``"central"`` (extension, docs/theory/central-flow.md): GD's central flow at the step
+      ``eta`` (Cohen, Damian et al. 2025), the flow that GD follows on average once an
+      eigenvalue of ``ΛH`` reaches the edge ``2/η``: the flow below the edge, then
+      ``dθ/dt = −Λ[∇L̂ + ½ Σ X_ij ∇(u_iᵀHu_j)]`` with the oscillation's covariance X holding
+      up to `edge_eigs` eigenvalues at the edge; integrated by Tsit5 like the flow (a dense
+      Hessian and third-derivative products per evaluation).
       One name for every stage, or a list of three, one per stage
-      (``["tsit5", "tsit5", "kvaerno5"]``); "gd" and "modified" are all or nothing.
+      (``["tsit5", "tsit5", "kvaerno5"]``); "gd", "modified" and "central" are all or nothing.
       ``"sgd"`` and ``"sde"`` (extensions, joint schedule only, all or nothing; the
       stochastic methods :data:`STOCHASTIC_METHODS`): online SGD with step ``eta`` to
       ``schedule.t1`` (``⌈t1/η⌉`` steps, as GD), and its diffusion limit, the SDE (the
@@ -120,8 +126,8 @@ class SolverConfig(eqx.Module):
     - `rtol`, `atol`: tolerances of the adaptive step control (defaults
       ``1e-8``, ``1e-10``).
     - `max_steps`: per segment of a stage (default ``100_000``).
-    - `eta`: the step of ``"gd"`` and ``"sgd"`` (``> 0``) and of the modified flow
-      ``"modified"`` (``>= 0``) (default ``0.1``). GD takes whole steps
+    - `eta`: the step of ``"gd"``, ``"sgd"`` and the central flow ``"central"`` (``> 0``)
+      and of the modified flow ``"modified"`` (``>= 0``) (default ``0.1``). GD takes whole steps
       only: a stage of duration T takes ``⌈T/η⌉`` steps (it ends at the first
       iterate at or after its nominal end), a stage's event ends it at the
       first iterate where the condition holds, and saved times are rounded to
@@ -143,6 +149,10 @@ class SolverConfig(eqx.Module):
       ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
       losing weights; CHANGELOG.md, the joint flow in log coordinates), ``"C"`` in C itself.
       Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
+    - `edge_eigs`: the most eigenvalues of ``ΛH`` the central flow holds at the edge at once
+      (an integer ``>= 1``, default 2; ``"central"`` only): each held eigenvalue costs a
+      third-derivative product per pair, and a further one past the edge is not held (the
+      run's report says when that happened).
     """
 
     method: str | tuple[str, str, str] = eqx.field(
@@ -157,6 +167,7 @@ class SolverConfig(eqx.Module):
     save_times: tuple[float, ...] = eqx.field(static=True, default=(), converter=lambda v: tuple(v))
     progress: bool = eqx.field(static=True, default=False)
     joint_coords: str = eqx.field(static=True, default="log")
+    edge_eigs: int = eqx.field(static=True, default=2)
 
     def method_for(self, stage: str) -> str:
         """The solver used for a stage (``"I"``, ``"II"``, ``"III"``; ``"joint"``
@@ -176,9 +187,10 @@ class SolverConfig(eqx.Module):
 
     @property
     def models_gd(self) -> bool:
-        """Whether the run models GD at the step ``eta`` ("gd" itself, or its modified
-        flow "modified"), so that it is not the gradient flow (‖C‖ grows, for one)."""
-        return self.method_for("I") in ("gd", "modified")
+        """Whether the run models GD at the step ``eta`` ("gd" itself, its modified flow
+        "modified" or its central flow "central"), so that it is not the gradient flow (‖C‖
+        grows, for one)."""
+        return self.method_for("I") in ("gd", "modified", "central")
 
     def __check_init__(self):
         names = (self.method,) if isinstance(self.method, str) else self.method
@@ -193,7 +205,7 @@ class SolverConfig(eqx.Module):
                 f"solver.method must be one of {_METHODS} or a list of three of them (Stages I, II, III), "
                 f"got {self.method!r}"
             )
-        for m in ("gd", "modified", *STOCHASTIC_METHODS):
+        for m in ("gd", "modified", "central", *STOCHASTIC_METHODS):
             if m in names and len(set(names)) > 1:
                 raise ValueError(f"solver.method: {m!r} cannot be mixed with ODE solvers, got {self.method!r}")
         for name in ("rtol", "atol"):
@@ -213,7 +225,7 @@ class SolverConfig(eqx.Module):
         if self.save_times and self.is_stochastic:
             raise ValueError(f"solver.save_times must be empty for solver.method = {self.method!r} (SGD and the SDE "
                              f"save on a grid of steps, sgd.save_per_decade), got {list(self.save_times)!r}")  # fmt: skip
-        for name, lo in (("max_steps", 1), ("save_per_decade", 1)):
+        for name, lo in (("max_steps", 1), ("save_per_decade", 1), ("edge_eigs", 1)):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
@@ -512,6 +524,7 @@ KEY_TYPES: dict[str, KeyType] = {
     "solver.save_times": _FLOATS,
     "solver.progress": _BOOL,
     "solver.joint_coords": _STR,
+    "solver.edge_eigs": _INT,
     "estimator.N": _INT,
     "estimator.seed": _INT,
     "estimator.eps": _FLOAT,

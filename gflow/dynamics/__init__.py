@@ -7,8 +7,13 @@ Layer rule: imports ``_util``, ``core``, ``gflow.config`` and ``gflow.trajectory
 hands every saved snapshot to an ``on_save`` hook instead of writing files itself.
 """
 
+from ._central import EDGE_RATE as EDGE_RATE
+from ._central import EDGE_WINDOW as EDGE_WINDOW
+from ._central import EdgeStates as EdgeStates
+from ._central import solve_sdcp as solve_sdcp
 from ._dense import DenseSolution as DenseSolution
 from ._dense import dense_solution as dense_solution
+from ._edge import central_predictions as central_predictions
 from ._flow import FlowError as FlowError
 from ._flow import check_resumable as check_resumable
 from ._flow import integrate as integrate

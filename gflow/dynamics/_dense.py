@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core import Params, PopulationLoss, StageLoss, make_loss, member_of
 from ..trajectory import Trajectory
-from ._solve import VectorField, block_scales, modified_eta, ode_method
+from ._solve import VectorField, block_scales, field_options, ode_method
 
 _CHUNK = 16  # times per solve (padded): one compiled shape per stage
 
@@ -99,7 +99,7 @@ class DenseSolution:
             moves = member_of(cfg.model).stage_moves[name]
             y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in tr.state(i).items()})
             vf = VectorField(stage_loss=StageLoss(self.loss, y, moves), scale=block_scales(cfg, moves, dtype),
-                             eta_mod=modified_eta(cfg, name, dtype))  # fmt: skip
+                             **field_options(cfg, name, dtype))  # fmt: skip
             y0 = {b: y.get(b) for b in moves}
             want = t_arr[ks]
             order = np.argsort(want)

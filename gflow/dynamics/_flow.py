@@ -46,8 +46,8 @@ from ._solve import (
     block_scales,
     event_coordinates,
     event_value,
+    field_options,
     fresh_carry,
-    modified_eta,
     new_tag,
     ode_method,
     save_grid,
@@ -393,8 +393,11 @@ class StageRun:
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
         self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
         # the joint flow integrates the selector in log coordinates (LogC; η_C = 0: C is constant,
-        # kept in C so that it stays bit for bit)
-        self.log_c = (rec.name == "joint" and cfg.solver.method_for(rec.name) != "gd"
+        # kept in C so that it stays bit for bit). GD steps in C, and so does the central flow:
+        # its oscillation term ½X∇S need not vanish with a losing weight C_S (the eigenvectors at
+        # the edge mix sets where eigenvalues cross), and in ℓ = log|C_S| it is divided by C_S, a
+        # stiff term that held Tsit5 to steps of 1e-4 where C takes steps of about η
+        self.log_c = (rec.name == "joint" and cfg.solver.method_for(rec.name) not in ("gd", "central")
                       and cfg.solver.joint_coords == "log" and cfg.schedule.eta_C > 0)  # fmt: skip
         self.sign_C = LogC.to_log(y_np["C"])[0] if self.log_c else None
         self.t_stage = time.perf_counter()
@@ -403,7 +406,7 @@ class StageRun:
         # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
         # (the batched driver counts on the host: each replicate counts the batched evaluations)
         self.in_program = (not (batched or StageRun.host_count)
-                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd", "modified"))  # fmt: skip
+                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd", "modified", "central"))  # fmt: skip
         self.tag = new_tag()
         self.nfev_program = 0
         self.segs: list[np.ndarray] = []
@@ -598,7 +601,7 @@ def prepare_stages(cfg: Config, traj: Trajectory, loss: PopulationLoss, y: Param
     sc = cfg.solver
     if cfg.schedule.kind != "staged" or sc.progress or StageRun.host_count or traj.stages or len(traj.ts) != 1:
         return None
-    if any(sc.method_for(n) not in ("tsit5", "gd", "modified") for n in ("II", "III")):
+    if any(sc.method_for(n) not in ("tsit5", "gd", "modified", "central") for n in ("II", "III")):
         return None
     dtype = cfg.estimator.jdtype
     C0, gC0 = np.asarray(traj.C[0]), np.asarray(traj.grad_C[0])
@@ -617,7 +620,7 @@ def prepare_stages(cfg: Config, traj: Trajectory, loss: PopulationLoss, y: Param
         y0 = {b: jnp.asarray(np.asarray(y.get(b)), dtype) for b in moves}
         t_stage0 = (as_f64(0.0), event_coordinates(name, y0, heads, member)) if steady else None
         vf = VectorField(stage_loss=_stage_loss(loss, y, moves), scale=block_scales(cfg, moves, dtype), tag=None,
-                         sign_C=None, eta_mod=modified_eta(cfg, name, dtype))  # fmt: skip
+                         sign_C=None, **field_options(cfg, name, dtype))  # fmt: skip
         prepare_call(solve_segment, (vf, y0, as_f64(0.0), as_f64(seg[-1]), as_f64(seg), as_f64(sc.eta),
                                      fresh_carry(dtype)), _solve_options(cfg, name, event_stage, heads, steady, t_stage0))
 
@@ -642,7 +645,7 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
         sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
         tag = None if run.in_program else jnp.asarray(run.tag)
         vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C,
-                         eta_mod=modified_eta(cfg, run.name, dtype))  # fmt: skip
+                         **field_options(cfg, run.name, dtype))  # fmt: skip
         sc = cfg.solver
         carry = run.carry0(dtype)
         steady_args = run.steady_args()

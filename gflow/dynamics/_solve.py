@@ -17,6 +17,7 @@ import optimistix as optx
 
 from ..config import Config
 from ..core import Params, PopulationLoss, StageLoss, grad_hvp, has_table, member_of
+from ._central import central_field
 
 # ---------------------------------------------------------------------------
 # Vector field and events
@@ -87,6 +88,11 @@ class VectorField(eqx.Module):
     # None: the gradient flow
     eta_mod: jax.Array | None = None
 
+    # GD's step η of the central flow (``solver.method = "central"``, gflow.dynamics._central) and
+    # the most eigenvalues it holds at the edge (``solver.edge_eigs``); None: not the central flow
+    edge_eta: jax.Array | None = None
+    edge_k: int = eqx.field(static=True, default=2)
+
     def __call__(self, t, y: dict, args) -> dict:
         if self.tag is not None:
             jax.debug.callback(_tick, self.tag)
@@ -96,6 +102,8 @@ class VectorField(eqx.Module):
 
     def theta_field(self, x: dict) -> dict:
         """The field in θ's own coordinates (C, not log|C|) at the moving blocks `x`."""
+        if self.edge_eta is not None:
+            return central_field(self.stage_loss, self.scale, x, self.edge_eta, self.edge_k)
         if self.eta_mod is None:
             g = jax.grad(self.stage_loss)(x)
             return {b: -self.scale[b] * g[b] for b in x}
@@ -125,9 +133,24 @@ def modified_eta(cfg: Config, stage: str, dtype) -> jax.Array | None:
     return jnp.asarray(cfg.solver.eta, dtype)
 
 
+def central_eta(cfg: Config, stage: str, dtype) -> jax.Array | None:
+    """The step η of GD's central flow when the stage's solver is ``"central"``, else ``None``."""
+    if cfg.solver.method_for(stage) != "central":
+        return None
+    return jnp.asarray(cfg.solver.eta, dtype)
+
+
+def field_options(cfg: Config, stage: str, dtype) -> dict:
+    """The keyword arguments of :class:`VectorField` that say which flow a stage integrates: GD's
+    modified flow (``eta_mod``), its central flow (``edge_eta``, ``edge_k``), or the flow."""
+    return {"eta_mod": modified_eta(cfg, stage, dtype), "edge_eta": central_eta(cfg, stage, dtype),
+            "edge_k": cfg.solver.edge_eigs}
+
+
 def ode_method(method: str) -> str:
-    """The diffrax solver of a ``solver.method``: the modified flow is integrated by Tsit5."""
-    return "tsit5" if method == "modified" else method
+    """The diffrax solver of a ``solver.method``: the modified and central flows are integrated by
+    Tsit5."""
+    return "tsit5" if method in ("modified", "central") else method
 
 
 class _CarriedPID(diffrax.AbstractAdaptiveStepSizeController):
@@ -226,11 +249,11 @@ class LogC:
         lo = LogC.floor(ell.dtype)
         Cc = vf.sign_C * jnp.exp(jnp.maximum(ell, lo))
         safe = jnp.where(vf.sign_C != 0, Cc, 1.0)
-        if vf.eta_mod is None:  # the flow, as it always was (bit for bit)
+        if vf.eta_mod is None and vf.edge_eta is None:  # the flow, as it always was (bit for bit)
             g = jax.grad(vf.stage_loss)({**y, "C": Cc})
             dell = jnp.where(vf.sign_C != 0, -vf.scale["C"] * g["C"] / safe, 0.0)
             return {b: (dell if b == "C" else -vf.scale[b] * g[b]) for b in y}
-        # the modified flow: the same field in θ pushed forward, dℓ_S/dt = (dC_S/dt)/C_S
+        # the modified and central flows: the same field in θ pushed forward, dℓ_S/dt = (dC_S/dt)/C_S
         f = vf.theta_field({**y, "C": Cc})
         dell = jnp.where(vf.sign_C != 0, f["C"] / safe, 0.0)
         return {b: (dell if b == "C" else f[b]) for b in y}

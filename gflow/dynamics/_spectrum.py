@@ -349,7 +349,7 @@ def select_rows(T: int, max_times: int | None) -> np.ndarray:
 
 def _run_eta(cfg: Config) -> float | None:
     m = cfg.solver.method_for("I")
-    return float(cfg.solver.eta) if m in ("gd", "modified", "sgd") else None
+    return float(cfg.solver.eta) if m in ("gd", "modified", "central", "sgd") else None
 
 
 def hessian_spectrum(

@@ -96,8 +96,8 @@ from ._solve import (
     VectorField,
     as_f64,
     block_scales,
+    field_options,
     fresh_carry,
-    modified_eta,
     ode_method,
     solve_segment,
     stats_at,
@@ -422,9 +422,10 @@ def _solves_batch(runs: _Runs, stage: dict, sl_b, loss_b, members: list[int], go
     sign_C = None
     if run0.log_c:  # the joint selector in log coordinates, each replicate's own signs
         sign_C = jnp.asarray(np.stack([run.sign_C for run in of]), dtype)
-    eta_mod = modified_eta(cfg, name, dtype)
-    eta_mod = None if eta_mod is None else jnp.broadcast_to(eta_mod, (B,))
-    vf = VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C, eta_mod=eta_mod)
+    # GD's step of the modified or the central flow, one per replicate (the same)
+    opts = {k: (v if v is None or k == "edge_k" else jnp.broadcast_to(v, (B,)))
+            for k, v in field_options(cfg, name, dtype).items()}  # fmt: skip
+    vf = VectorField(stage_loss=sl_b, scale=scale, tag=tags, sign_C=sign_C, **opts)
     settings = {
         "method": ode_method(sc.method_for(name)), "rtol": sc.rtol, "atol": sc.atol, "max_steps": sc.max_steps,
         "delta": cfg.schedule.delta, "event_stage": run0.event_stage, "heads": run0.heads, "progress": False,

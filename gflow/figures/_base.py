@@ -64,7 +64,7 @@ class _Segment:
 
 def method_label(cfg, stage: str) -> str:
     """What integrated a stage, for a figure's title: ``"flow"`` (an adaptive solver of the
-    gradient flow), ``"GD (η = 0.01)"``, ``"modified flow (η = 0.1)"``, ``"SGD (η = 0.05, B = 20)"``,
+    gradient flow), ``"GD (η = 0.01)"``, ``"modified flow (η = 0.1)"``, ``"central flow (η = 0.1)"``, ``"SGD (η = 0.05, B = 20)"``,
     ``"SDE (η = 0.05, B = 20)"``."""
     m, eta = cfg.solver.method_for(stage), cfg.solver.eta
     if m in ("tsit5", "kvaerno5"):
@@ -73,6 +73,8 @@ def method_label(cfg, stage: str) -> str:
         return f"GD (η = {eta:g})"
     if m == "modified":
         return f"modified flow (η = {eta:g})"
+    if m == "central":
+        return f"central flow (η = {eta:g})"
     return f"{m.upper()} (η = {eta:g}, B = {cfg.sgd.batch})"
 
 
