@@ -58,6 +58,7 @@ from .checks import Row as Row
 from .checks import check as check
 from .config import Config as Config
 from .config import load_config as load_config
+from .dynamics import Catapult as Catapult
 from .dynamics import DenseSolution as DenseSolution
 from .dynamics import EdgeStates as EdgeStates
 from .dynamics import FlowError as FlowError
@@ -65,8 +66,10 @@ from .dynamics import SDEConfig as SDEConfig
 from .dynamics import SGDConfig as SGDConfig
 from .dynamics import SGDRun as SGDRun
 from .dynamics import Spectrum as Spectrum
+from .dynamics import catapult_map as catapult_map
 from .dynamics import central_predictions as central_predictions
 from .dynamics import dense_solution as dense_solution
+from .dynamics import find_catapults as find_catapults
 from .dynamics import hessian_spectrum as hessian_spectrum
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde

@@ -251,3 +251,29 @@ def test_mi_question_rows_follow_from_their_numbers():
         picked = {"Ĩ": r["S_Itilde"], "J": r["S_J"], "χ²-MI": r["S_chi2"], "MI": r["S_mi"]}
         assert r["follows"] == [k for k, S in picked.items() if S == r["selected"]]
         assert r["share"] >= 0.99 - 1e-9  # Stage I ended at its event (δ = 0.01)
+
+
+def test_gd_at_the_edge_page_has_the_studys_tables_and_its_claims_hold():
+    """docs/results/gd-at-the-edge.md: the two tables rendered from figures/gd_edge.json, and the
+    page's claims re-derived from the raw numbers: the central flow closer to GD than the flow at
+    every η (3.7–13×), the catapults' starts predicted by the flow within two steps for η ≤ 0.2,
+    the central flow ending on the bound, GD within 5 % of it for η ≥ 0.05."""
+    st = _study("gd_edge")
+    res = json.loads((ROOT / "figures" / "gd_edge.json").read_text())
+    page = (DOCS / "gd-at-the-edge.md").read_text()
+    for part in st.render_tables(res).split("\n\n"):
+        assert part.strip() in page
+    runs = {r["eta"]: r for r in res["runs"]}
+    assert sorted(runs) == [0.025, 0.05, 0.1, 0.2, 0.4]
+    ratios = [r["distance"]["central_mean"] / r["distance"]["flow_mean"] for r in runs.values()]
+    assert max(ratios) < 0.28 and min(ratios) > 0.07  # the page: 3.7–13× closer
+    for eta, r in runs.items():
+        assert r["loss"]["central_err_mean"] < r["loss"]["flow_err_mean"]
+        n = r["norm"]
+        assert n["central_end"] == pytest.approx(n["bound"], rel=0.01)
+        if eta >= 0.05:
+            assert n["gd_end"] == pytest.approx(n["bound"], rel=0.05)
+        if eta <= 0.2:
+            for c in r["catapults"][1:] if eta == 0.2 else r["catapults"]:
+                assert abs(c["t_start"] - c["t_start_flow"]) <= 2 * eta + 0.05 + 1e-9, (eta, c)
+    assert runs[0.025]["norm"]["gd_end"] / runs[0.025]["norm"]["bound"] == pytest.approx(1.21, abs=0.01)

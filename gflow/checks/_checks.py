@@ -60,7 +60,7 @@ from ..theory import Theory, theory_report, unrepresented_parents
 from ..trajectory import Trajectory, selected_set
 from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
-from ._rows_edge import rows_edge
+from ._rows_edge import rows_edge, rows_gd_edge
 from ._rows_ladder import rows_ladder, rows_strategies
 from ._rows_laws import rows_laws
 from ._rows_stage1 import (
@@ -206,6 +206,7 @@ def check(
     rows_strategies(ctx)
     rows_laws(ctx)
     rows_edge(ctx)
+    rows_gd_edge(ctx)
     ctx.notes.extend(f"theory: {n}" for n in theory.notes if n != unrep)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(

@@ -225,7 +225,7 @@ class Report:
             rows = [x for x in self.rows if (x.claim == "paper") == (claim == "paper")]
             n_fail = sum(x.passed is False for x in rows)
             n_info = sum(x.passed is None for x in rows)
-            what = "the flow against gflow's own laws" if key == "gflow" else "the paper's asymptotic claims"
+            what = f"{_run_kind(r.get('method'))} against gflow's own laws" if key == "gflow" else "the paper's asymptotic claims"
             out.append(
                 f"verdict {key}: {v[key].upper()} — {what} "
                 f"({len(rows) - n_fail - n_info} passed, {n_fail} failed, {n_info} undecided)"
@@ -289,3 +289,10 @@ class Report:
     def __str__(self) -> str:
         return self.table()
 
+
+def _run_kind(method) -> str:
+    """What a run is, by its ``solver.method`` (a name, or a list of three): the flow, GD at a
+    fixed step, GD's modified or central flow, SGD or the SDE."""
+    m = method[0] if isinstance(method, (list, tuple)) and method else method
+    return {"gd": "GD", "modified": "GD's modified flow", "central": "GD's central flow", "sgd": "SGD",
+            "sde": "the SDE"}.get(m, "the flow")  # fmt: skip

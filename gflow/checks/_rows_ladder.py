@@ -49,7 +49,7 @@ def rows_ladder(ctx: Ctx) -> None:
     )  # fmt: skip
     names = [k for k in RUNGS if k in lad.values]
     ctx.info(
-        "ladder: oracle, Bayes, GIH (selected set, best a), unigram, flow at the end",
+        "ladder: oracle, Bayes, GIH (selected set, best a), unigram, run at the end",
         None, [lad.mean(k) for k in names],
         f"losses on the run's sample{'' if 'gih' in names else ' (no GIH: the loss is at every position)'}, SEs "
         f"{[round(lad.se(k), 5) for k in names]}; Bayes "

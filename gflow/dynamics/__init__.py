@@ -7,6 +7,9 @@ Layer rule: imports ``_util``, ``core``, ``gflow.config`` and ``gflow.trajectory
 hands every saved snapshot to an ``on_save`` hook instead of writing files itself.
 """
 
+from ._catapult import Catapult as Catapult
+from ._catapult import catapult_map as catapult_map
+from ._catapult import find_catapults as find_catapults
 from ._central import EDGE_RATE as EDGE_RATE
 from ._central import EDGE_WINDOW as EDGE_WINDOW
 from ._central import EdgeStates as EdgeStates

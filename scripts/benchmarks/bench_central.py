@@ -59,24 +59,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     times = [float(t) for t in range(1, int(args.t1) + 1)]
-    cfg = gflow.Config().replace(data={"L": args.L}, estimator={"N": args.N},
-                                 schedule={"kind": "joint", "t1": args.t1}, solver={"save_times": times})  # fmt: skip
+    cfg = gflow.Config().replace(data={"L": args.L}, estimator={"N": args.N}, schedule={"kind": "joint", "t1": args.t1})
     loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     print(f"joint flow, d = {cfg.data.d}, L = {args.L}, N = {args.N}, t1 = {args.t1:g}; distances at t = 1..{int(args.t1)}")
 
-    def theta(tr):
-        i = [int(np.flatnonzero(np.isclose(tr.ts, t, rtol=0, atol=1e-9))[0]) for t in times]
+    def theta(tr, at):
+        i = [int(np.argmin(np.abs(tr.ts - t))) for t in at]
+        assert np.allclose(tr.ts[i], at, rtol=0, atol=1e-9), "a time was not saved"
         return np.concatenate([tr.w[i].reshape(len(i), -1), tr.C[i], tr.a[i, None]], axis=1)
 
     last = None
     for eta in args.eta:
         runs, wall = {}, {}
+        at = [round(t / eta) * eta for t in times]  # GD's iterates nearest t = 1, 2, …
         for m in ("tsit5", "gd", "central"):
             t = time.perf_counter()
-            runs[m] = gflow.integrate(cfg.replace(solver={"method": m, "eta": eta, "save_times": times}), loss=loss)
+            runs[m] = gflow.integrate(cfg.replace(solver={"method": m, "eta": eta, "save_times": at}), loss=loss)
             wall[m] = time.perf_counter() - t
-        gd = theta(runs["gd"])
-        d = {m: np.linalg.norm(theta(runs[m]) - gd, axis=1) for m in ("tsit5", "central")}
+        gd = theta(runs["gd"], at)
+        d = {m: np.linalg.norm(theta(runs[m], at) - gd, axis=1) for m in ("tsit5", "central")}
         nfev = {m: sum(r.nfev for r in runs[m].stages) for m in runs}
         print(f"\nη = {eta:g} (edge 2/η = {2 / eta:g})")
         for m, name in (("gd", "GD"), ("tsit5", "flow"), ("central", "central flow")):
