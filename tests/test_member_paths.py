@@ -209,3 +209,20 @@ def test_bad_member_values_exit_2_naming_the_key(tmp_path, capsys, text, key):
     assert gflow.cli.main(["run", str(p), "--out", str(tmp_path / "run"), "--dry-run"]) == 2
     assert key in capsys.readouterr().err
     assert not (tmp_path / "run" / "trajectory.npz").exists()
+
+
+@pytest.mark.slow
+def test_member_central_flow_holds_its_edge_and_is_the_flow_below_it():
+    """The token member through solver.method = "central": at a step whose edge is never reached it
+    integrates the flow's own field (in C: the same trajectory to rounding); at a step whose edge
+    the flow passes, its report's central rows are decided and pass."""
+    cfg = _cfg(solver={"joint_coords": "C"})
+    flow = gflow.integrate(cfg)
+    below = gflow.integrate(_cfg(solver={"method": "central", "eta": 1e-4}))
+    for b in ("w", "C", "a", "B"):
+        np.testing.assert_allclose(below.state(-1)[b], flow.state(-1)[b], rtol=1e-11, atol=1e-13)
+    lam0 = float(gflow.hessian_spectrum(None, flow).lam_max.max())
+    past = _cfg(solver={"method": "central", "eta": 1.5 * 2 / lam0}, schedule={"t1": 2.0})
+    rows = {r.name: r for r in gflow.check(gflow.integrate(past)).rows if r.name.startswith("central:")}
+    assert rows["central: eigenvalues past the edge all held (max past − held)"].passed is True
+    assert rows["central: first time at the edge 2/η"].measured is not None
