@@ -36,11 +36,7 @@ def rows_edge(ctx: Ctx) -> None:
     sc = ctx.cfg.solver
     if sc.method_for("I") != "central":
         return
-    tr = ctx.traj
-    if len(tr.ts) == 0:
-        ctx.skip("central flow rows", "the run has no saved time")
-        return
-    es = central_predictions(tr, loss=ctx.loss, max_times=EDGE_ROWS)
+    es = central_predictions(ctx.traj, loss=ctx.loss, max_times=EDGE_ROWS)
     eta = float(sc.eta)
     held = np.flatnonzero(es.held > 0)
     if held.size == 0:

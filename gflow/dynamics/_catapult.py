@@ -35,30 +35,35 @@ def catapult_map(s_peak: float, *, model: str = "angle", y0: float = 1e-6, max_s
     ``s_after`` depends on y0 only logarithmically weakly (the growth's start)."""
     if model not in ("angle", "linear"):
         raise ValueError(f"model must be 'angle' or 'linear', got {model!r}")
-    s, y = float(s_peak), float(y0)
+    s = float(s_peak)
     if not (np.isfinite(s) and s > 2):
         return s
+    # Both in Λ = η = 1 units, the state (s, y) with y the tangent of the angle (linear) or
+    # C = (c₁, c₂) with ‖C₀‖² = 1/s_peak (angle: GD on ½ c₂²/‖C‖² = ½ sin²φ); each step returns
+    # the new state, its s and its |tan φ|.
     if model == "linear":
-        grown = False
-        for _ in range(max_steps):
-            q = 1.0 + s * s * y * y
-            s, y = s / q, (1.0 - s) * y / np.sqrt(q)
-            grown = grown or abs(y) > 10 * y0
-            if grown and abs(y) < y0:
-                break
-        return s
-    # Λ = η = 1, ‖C₀‖² = 1/s_peak: GD on ½ C₂²/‖C‖² (= ½ sin²φ)
-    c1, c2 = np.sqrt(1.0 / s), y * np.sqrt(1.0 / s)
+        def step(st):
+            s_, y_ = st
+            q = 1.0 + s_ * s_ * y_ * y_
+            s_, y_ = s_ / q, (1.0 - s_) * y_ / np.sqrt(q)
+            return (s_, y_), s_, abs(y_)
+
+        state = (s, float(y0))
+    else:
+        def step(st):
+            c1, c2 = st
+            n4 = (c1 * c1 + c2 * c2) ** 2
+            c1, c2 = c1 + c1 * c2 * c2 / n4, c2 - c2 * c1 * c1 / n4
+            return (c1, c2), 1.0 / (c1 * c1 + c2 * c2), abs(c2 / c1)
+
+        state = (np.sqrt(1.0 / s), y0 * np.sqrt(1.0 / s))
     grown = False
     for _ in range(max_steps):
-        n2 = c1 * c1 + c2 * c2
-        g1, g2 = -c1 * c2 * c2 / (n2 * n2), c2 * c1 * c1 / (n2 * n2)
-        c1, c2 = c1 - g1, c2 - g2
-        t = abs(c2 / c1)
-        grown = grown or t > 10 * y0
-        if grown and t < y0:
+        state, s, tan = step(state)
+        grown = grown or tan > 10 * y0
+        if grown and tan < y0:
             break
-    return 1.0 / (c1 * c1 + c2 * c2)
+    return s
 
 
 @dataclasses.dataclass

@@ -167,15 +167,16 @@ def _third(f, v, U, k: int):
 
 class EdgeTerms(eqx.Module):
     """What the central flow computes at one state (flat moving coordinates): the gradient `g`,
-    the top ``K`` eigenvalues `lam` of ``Λ^{1/2}HΛ^{1/2}`` (descending) with their vectors `V`
-    and ``U = Λ^{1/2}V``, the number `k` held at the edge (0 … K), X ``(K, K)`` (zero outside
-    the held block), the correction ``½ Σ X_ij ∇S_ij`` (`push`) and the Hessian `H`."""
+    the top ``K`` eigenvalues `lam` of ``Λ^{1/2}HΛ^{1/2}`` (descending) with ``U = Λ^{1/2}V`` for
+    their vectors V, the number `k` held at the edge (0 … K) and the number `past` of all its
+    eigenvalues at or past the edge's window (more than `k` when K is too small), X ``(K, K)``
+    (zero outside the held block), the correction ``½ Σ X_ij ∇S_ij`` (`push`) and the Hessian `H`."""
 
     g: jax.Array
     lam: jax.Array
-    V: jax.Array
     U: jax.Array
     k: jax.Array
+    past: jax.Array
     X: jax.Array
     push: jax.Array
     H: jax.Array
@@ -201,7 +202,8 @@ def edge_terms(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> EdgeTerms:
     U = rs[:, None] * V
     edge = 2.0 / eta
     kappa = EDGE_RATE / eta
-    held = jnp.sum(lam >= (1.0 - EDGE_WINDOW) * edge).astype(jnp.int32)
+    window = (1.0 - EDGE_WINDOW) * edge
+    held = jnp.sum(lam >= window).astype(jnp.int32)
     lg = lam_diag * g
 
     def branch(k):
@@ -217,7 +219,7 @@ def edge_terms(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> EdgeTerms:
         return run
 
     X, push = jax.lax.switch(jnp.minimum(held, K), [branch(k) for k in range(K + 1)], None)
-    return EdgeTerms(g=g, lam=lam, V=V, U=U, k=held, X=X, push=push, H=H)
+    return EdgeTerms(g=g, lam=lam, U=U, k=held, past=jnp.sum(lam_all >= window), X=X, push=push, H=H)
 
 
 def central_field(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> dict:
@@ -258,15 +260,6 @@ class EdgeStates:
     grad2: np.ndarray
     grad2_gd: np.ndarray
 
-    def to_arrays(self) -> dict:
-        return {f.name: np.asarray(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_arrays(cls, d) -> EdgeStates:
-        kw = {f.name: np.asarray(d[f.name]) for f in dataclasses.fields(cls)}
-        kw["edge"] = float(kw["edge"])
-        return cls(**kw)
-
 
 @eqx.filter_jit
 def _state_predictions(sl: StageLoss, scale: dict, x: dict, eta, K: int):
@@ -275,17 +268,8 @@ def _state_predictions(sl: StageLoss, scale: dict, x: dict, eta, K: int):
     loss = sl(x)
     half_sigma_h = 0.5 * jnp.sum(jnp.diag(e.X) * e.lam)
     extra = jnp.sum(e.X * (HU.T @ HU))
-    window = (1.0 - EDGE_WINDOW) * 2.0 / eta
-    rs = jnp.sqrt(_diag(scale, x))
-    lam_all = jnp.linalg.eigvalsh(rs[:, None] * e.H * rs[None, :])
-    past = jnp.sum(lam_all >= window)
     g2 = jnp.sum(e.g**2)
-    return e.lam, e.k, past, e.X, loss, loss + half_sigma_h, g2, g2 + extra
-
-
-def _diag(scale: dict, x: dict):
-    flat = _Flat.of(x)
-    return flat.ravel({b: jnp.broadcast_to(scale[b], jnp.shape(x[b])) for b in flat.names})
+    return e.lam, e.k, e.past, e.X, loss, loss + half_sigma_h, g2, g2 + extra
 
 
 def edge_states(loss: PopulationLoss, params_list, moves_list, scales_list, ts, eta: float, K: int) -> EdgeStates:

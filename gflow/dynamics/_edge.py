@@ -47,7 +47,7 @@ def central_predictions(traj, *, eta: float | None = None, edge_eigs: int | None
     ps, ms, ss = [], [], []
     for i in rows:
         name = "joint" if cfg.schedule.kind == "joint" else stage_names.get(int(traj.stage[i]), "I")
-        moves = tuple(b for b in member.stage_moves[name])
+        moves = tuple(member.stage_moves[name])
         scale = block_scales(cfg, moves, dtype)
         moving = tuple(b for b in moves if float(scale[b]) > 0)
         ps.append(Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in traj.state(int(i)).items()}))

@@ -126,24 +126,13 @@ class VectorField(eqx.Module):
         return {b: -lg[b] - half * (self.scale[b] * hlg[b]) for b in x}
 
 
-def modified_eta(cfg: Config, stage: str, dtype) -> jax.Array | None:
-    """The step η of GD's modified flow when the stage's solver is ``"modified"``, else ``None``."""
-    if cfg.solver.method_for(stage) != "modified":
-        return None
-    return jnp.asarray(cfg.solver.eta, dtype)
-
-
-def central_eta(cfg: Config, stage: str, dtype) -> jax.Array | None:
-    """The step η of GD's central flow when the stage's solver is ``"central"``, else ``None``."""
-    if cfg.solver.method_for(stage) != "central":
-        return None
-    return jnp.asarray(cfg.solver.eta, dtype)
-
-
 def field_options(cfg: Config, stage: str, dtype) -> dict:
     """The keyword arguments of :class:`VectorField` that say which flow a stage integrates: GD's
-    modified flow (``eta_mod``), its central flow (``edge_eta``, ``edge_k``), or the flow."""
-    return {"eta_mod": modified_eta(cfg, stage, dtype), "edge_eta": central_eta(cfg, stage, dtype),
+    modified flow (``eta_mod``: GD's step η), its central flow (``edge_eta``: η, and ``edge_k``),
+    or the flow (both ``None``)."""
+    method = cfg.solver.method_for(stage)
+    eta = jnp.asarray(cfg.solver.eta, dtype)
+    return {"eta_mod": eta if method == "modified" else None, "edge_eta": eta if method == "central" else None,
             "edge_k": cfg.solver.edge_eigs}
 
 
