@@ -88,6 +88,7 @@ from .runs import integrate as integrate
 from .runs import integrate_batch as integrate_batch
 from .runs import merge_shards as merge_shards
 from .runs import plot_run as plot_run
+from .runs import probes as probes
 from .runs import run_limit as run_limit
 from .runs import run_phase as run_phase
 from .runs import run_replicates as run_replicates

@@ -53,6 +53,7 @@ MEMBER_OPTIONS = {  # one configuration of every member, off its neutral values 
     "bilinear": {},
     "nichani": {"H": 1, "D": 1, "M": 1},
     "edelman": {"H": 1, "D": 1, "M": 1},
+    "bietti": {"H": 1, "D": 1, "M": 1, "random_init": 0.1},
 }
 
 
@@ -73,7 +74,7 @@ def _theta(model: ModelConfig, d: int = 3, L: int = 12, seed: int = 1) -> Params
 
 def test_registry_names_every_member_and_members_declare_their_blocks():
     assert tuple(MEMBERS) == ("paper", "token", "value", "full", "absolute", "residual", "linear_query",
-                              "linear_output", "bilinear", "nichani", "edelman")  # fmt: skip
+                              "linear_output", "bilinear", "nichani", "edelman", "bietti")  # fmt: skip
     for key in MEMBER_OPTIONS:
         model = _model(key)
         m = member_of(model)
@@ -281,7 +282,7 @@ def test_member_gradient_equals_finite_differences(key):
     (step 1e-5, float64: truncation ~1e-10, rounding ~1e-11)."""
     model = _model(key)
     p = _theta(model, seed=3)
-    loss = make_loss(DATA, model, EstimatorConfig(N=40, loss="ce_on_probs" if key == "edelman" else "log"))
+    loss = make_loss(DATA, model, EstimatorConfig(N=40, loss="ce_on_probs" if key in ("edelman", "bietti") else "log"))
     g = loss_grad(loss, p)
     rng = np.random.default_rng(7)
     for b in p.names:

@@ -93,9 +93,9 @@ def test_unseen_mass_at_every_position_is_the_prefix_loop():
 
 
 def test_every_position_refusals_name_the_key():
-    with pytest.raises(ValueError, match=r"estimator\.positions must be one of \('last', 'all'\)"):
+    with pytest.raises(ValueError, match=r"estimator\.positions must be one of \('last', 'all', 'outputs'\)"):
         EstimatorConfig(positions="every")
-    with pytest.raises(ValueError, match=r"estimator\.positions = 'all' needs a member .*\('edelman',\)"):
+    with pytest.raises(ValueError, match=r"estimator\.positions = 'all' needs a member .*\('bietti', 'edelman'\)"):
         from_dict({"estimator": {"positions": "all"}})
     with pytest.raises(ValueError, match=r"estimator\.layout = 'positions'"):
         make_loss(DataConfig(d=3, parents=[1], L=8), EDELMAN, _est(layout="counts"))

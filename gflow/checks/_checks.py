@@ -61,7 +61,7 @@ from ..trajectory import Trajectory, selected_set
 from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
 from ._rows_edge import rows_edge, rows_gd_edge
-from ._rows_ladder import rows_ladder, rows_strategies
+from ._rows_ladder import rows_ladder, rows_probes, rows_strategies
 from ._rows_laws import rows_laws
 from ._rows_stage1 import (
     row_concentration,
@@ -204,6 +204,7 @@ def check(
     rows_stage3(ctx)
     rows_ladder(ctx)
     rows_strategies(ctx)
+    rows_probes(ctx)
     rows_laws(ctx)
     rows_edge(ctx)
     rows_gd_edge(ctx)

@@ -4,9 +4,10 @@ end on the ladder of the run's own sample (:mod:`gflow.theory._ladder`)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..core import Params, kernel_conditional
-from ..theory import RUNGS, STRATEGIES, STRATEGY_RUNGS, loss_ladder, strategies_of
+from ..theory import RUNGS, STRATEGIES, STRATEGY_RUNGS, loss_ladder, probes_of, strategies_of
 from ._base import Ctx
 from ._report import decided_row
 
@@ -53,7 +54,8 @@ def rows_ladder(ctx: Ctx) -> None:
         None, [lad.mean(k) for k in names],
         f"losses on the run's sample{'' if 'gih' in names else ' (no GIH: the loss is at every position)'}, SEs "
         f"{[round(lad.se(k), 5) for k in names]}; Bayes "
-        + ("is exactly Bayes-optimal here" if lad.bayes_optimal else "drops the start's likelihood (stationary start)"),
+        + ("is exactly Bayes-optimal here" if lad.bayes_optimal else "is not exactly Bayes-optimal here (docs/guides/data.md: "
+           "the stationary start's likelihood dropped, or the random triggers known)"),
         "finite",
     )  # fmt: skip
     strat = [k for k in STRATEGY_RUNGS if k in lad.values]
@@ -89,3 +91,55 @@ def rows_strategies(ctx: Ctx) -> None:
              f"mean KL(strategy ‖ model) at {len(s['t'])} saved times; add-one uniform, unigram, bigram", "finite")  # fmt: skip
     ctx.info("strategies: KL(uniform, unigram, bigram ‖ model) at the end", None,
              [float(s[f"kl_{k}"][-1]) for k in STRATEGIES], "over the positions where the loss is taken", "finite")  # fmt: skip
+
+
+#: how close to the global bigram's entropy rate the loss at the non-trigger tokens must come for the
+#: bigram to count as learned (nats; the flow's excess there is a KL divergence, >= 0)
+BIGRAM_TOL = 0.05
+#: Bietti et al.'s probes in the order their top-down claim names them
+PROBE_NAMES = {"probe_wo2": "W_O2", "probe_wk2": "W_K2", "probe_wk1": "layer 1"}
+
+
+def first_time(t, x, below=None, above=None) -> float:
+    """The first saved time where `x` is ``<= below`` (or ``>= above``), else ``nan``."""
+    x = np.asarray(x, np.float64)
+    hit = x <= below if below is not None else x >= above
+    return float(np.asarray(t)[np.argmax(hit)]) if hit.any() else float("nan")
+
+
+def rows_probes(ctx: Ctx) -> None:
+    """Informational (finite): Bietti et al.'s probes of a ``bietti`` run (``gflow.probes``: the
+    first saved time each of W_O², W_K², layer 1 reaches 0.5, their order, their values at the end)
+    and, on the triggers data, the loss split: the first time the loss at the tokens that are not
+    triggers comes within :data:`BIGRAM_TOL` of the global bigram's entropy rate (the bigram
+    learned) against the first time the loss at the trigger outputs has fallen half way from its
+    start to its end (the induction head), and both losses at the end."""
+    cfg, n = ctx.cfg, len(ctx.traj.ts)
+    if cfg.model.member != "bietti" and cfg.data.kind != "triggers":
+        return
+    if n == 0:
+        ctx.skip("probes", "the run has no saved time")
+        return
+    p = probes_of(ctx.traj, every=-(-n // STRATEGY_TIMES), loss=ctx.loss)
+    t = p["t"]
+    if "probe_wo2" in p:
+        cross = {k: first_time(t, p[k], above=0.5) for k in PROBE_NAMES}
+        ctx.info("probes: first time W_O2, W_K2, layer 1 reach 0.5", None, list(cross.values()),
+                 f"at {len(t)} saved times; W_O2, W_K2: the fraction of rows with the diagonal largest (W_K2 over "
+                 f"the fixed triggers), layer 1: its attention on offset 1; nan: not reached", "finite")  # fmt: skip
+        order = sorted((v, PROBE_NAMES[k]) for k, v in cross.items() if np.isfinite(v))
+        ctx.info("probes: order of the 0.5 crossings", "W_O2 → W_K2 → layer 1",
+                 " → ".join(name for _, name in order) or "none", "Bietti et al.'s top-down order", "finite")  # fmt: skip
+        ctx.info("probes: W_O2, W_K2, layer 1 at the end", None, [float(p[k][-1]) for k in PROBE_NAMES],
+                 "1 for the induction head", "finite")  # fmt: skip
+    if "loss_rest" in p:
+        lo, lr, H = p["loss_outputs"], p["loss_rest"], p["entropy_rest"]
+        t_big = first_time(t, lr, below=H + BIGRAM_TOL)
+        t_head = first_time(t, lo, below=(lo[0] + lo[-1]) / 2) if lo[0] - lo[-1] > BIGRAM_TOL else float("nan")
+        ctx.info("probes: the bigram learned, then the induction head (first times)", "bigram first", [t_big, t_head],
+                 f"the non-trigger loss within {BIGRAM_TOL} of the bigram's entropy rate, then the trigger-output "
+                 f"loss half way from its start to its end; nan: not reached", "finite")  # fmt: skip
+        ctx.info("probes: loss at the trigger outputs, elsewhere, the bigram's entropy rate (end)", None,
+                 [float(lo[-1]), float(lr[-1]), float(H)],
+                 "outputs: trigger tokens seen before (their outs >= 2); elsewhere: the tokens that are not "
+                 "triggers", "finite")  # fmt: skip

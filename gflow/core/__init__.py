@@ -35,9 +35,12 @@ from ._kinds import KINDS as KINDS
 from ._kinds import AbstractDataKind as AbstractDataKind
 from ._kinds import config_codes as config_codes
 from ._kinds import dag_parent_sets as dag_parent_sets
+from ._kinds import fixed_triggers as fixed_triggers
 from ._kinds import graph_parent_sets as graph_parent_sets
 from ._kinds import graph_parents as graph_parents
 from ._kinds import kind_of as kind_of
+from ._kinds import trigger_bigram as trigger_bigram
+from ._kinds import trigger_rows as trigger_rows
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
 from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats
@@ -54,6 +57,8 @@ from ._loss import relabel_sample as relabel_sample
 from ._loss import resolve_layout as resolve_layout
 from ._member_absolute import AbsoluteModel as AbsoluteModel
 from ._member_absolute import toeplitz_defect as toeplitz_defect
+from ._member_bietti import BiettiModel as BiettiModel
+from ._member_bietti import bietti_probes as bietti_probes
 from ._member_bilinear import BilinearModel as BilinearModel
 from ._member_edelman import EdelmanModel as EdelmanModel
 from ._member_full import FullModel as FullModel

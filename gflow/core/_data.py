@@ -73,7 +73,9 @@ class DataConfig(eqx.Module):
     - `kind`: the data family's member (:mod:`gflow.core._kinds`): ``"ngram"`` (this mixture, the
       default) or ``"graph"`` (extension, Nichani et al.'s in-context causal graph: positions
       ``1..L−1`` follow the graph ``data.graph``, the query ``x_L`` is uniform and the target is
-      ``x_{L+1} ~ π(·|x_L)``; ``data.parents = [1]``).
+      ``x_{L+1} ~ π(·|x_L)``; ``data.parents = [1]``) or ``"triggers"`` (extension, Bietti et al.'s
+      triggers: a fixed global bigram, and ``data.triggers`` tokens per sequence always followed by
+      their own output; ``data.parents = [1]``).
     - `graph`: (graph) ``"chain"``, ``"icl"``, ``"random"`` or an explicit list of ``L − 1``
       parent positions (entry ``i − 1`` is ``p(i) < i``, 0 for a root); with ``graph_parents = k
       >= 2``: ``"chain"``, ``"heap"`` (``k = 2``), ``"random"`` or a list of ``L + 1`` parent
@@ -82,6 +84,12 @@ class DataConfig(eqx.Module):
     - `graph_parents`: (graph) the parents of every non-root position, ``k >= 1`` (1, the
       default: their Task 2.4 with its uniform query; ``k >= 2``: their k-parent DAGs, no query,
       roots uniform, ``parents`` the target's parent offsets).
+    - `triggers`: (triggers) the number K of trigger tokens per sequence, ``1 <= K <= d // 2``
+      (0, the default, unset: the triggers kind needs it).
+    - `trigger_mode`: (triggers) ``"fixed"`` (the K most probable tokens under the global bigram's
+      stationary law, the same in every sequence) or ``"random"`` (drawn per sequence from that law,
+      without replacement).
+    - `bigram_seed`: (triggers) the seed of the global bigram π_b (rows ``Dirichlet(α·1_d)``).
     - `prior`: the kernels' prior (:mod:`gflow.core._priors`): ``"dirichlet"`` (the paper's,
       independent ``Dirichlet(α·1_d)`` rows), ``"doubly_stochastic"`` (extension, Edelman et al.:
       Dirichlet rows balanced by Sinkhorn's iteration, uniform stationary law; one parent only) or
@@ -98,11 +106,14 @@ class DataConfig(eqx.Module):
     kernel: Float[np.ndarray, "K d"] | None = eqx.field(
         static=True, default=None, converter=lambda k: None if k is None else _HashableArray(k)
     )
-    kind: Literal["ngram"] = eqx.field(static=True, default="ngram")
+    kind: Literal["ngram", "graph", "triggers"] = eqx.field(static=True, default="ngram")
     prior: Literal["dirichlet", "doubly_stochastic", "unigram"] = eqx.field(static=True, default="dirichlet")
     graph: str | tuple[int, ...] = eqx.field(static=True, default="chain", converter=_as_graph)
     graph_seed: int = eqx.field(static=True, default=0)
     graph_parents: int = eqx.field(static=True, default=1)
+    triggers: int = eqx.field(static=True, default=0)
+    trigger_mode: Literal["fixed", "random"] = eqx.field(static=True, default="fixed")
+    bigram_seed: int = eqx.field(static=True, default=0)
 
     def __check_init__(self):
         if not isinstance(self.d, (int, np.integer)) or self.d < 2:

@@ -66,7 +66,9 @@ from ._stationary import stationary_distribution
 KINDS: dict[str, type] = {}
 GRAPHS = ("chain", "icl", "random")
 # the options each kind reads beyond d, alpha, L, prior, parents (and their defaults)
-KIND_OPTIONS = {"graph": "chain", "graph_seed": 0, "graph_parents": 1}
+KIND_OPTIONS = {"graph": "chain", "graph_seed": 0, "graph_parents": 1, "triggers": 0, "trigger_mode": "fixed",
+                "bigram_seed": 0}  # fmt: skip
+TRIGGER_MODES = ("fixed", "random")
 # the graphs of k >= 2 parents per position (``"heap"``: k = 2 only)
 DAGS = ("chain", "heap", "random")
 
@@ -118,6 +120,17 @@ class AbstractDataKind(eqx.Module):
         ``x_{t+1}`` given the context, ``valid`` ``(L,)`` bool, the positions whose loss is taken;
         ``ValueError`` when this kind takes its loss at the query only."""
 
+    @abc.abstractmethod
+    def bayes_every(self, data, X, pi):
+        """The Bayes rung's predictive at every position ``t = 1..L`` (of ``x_{t+1}`` from
+        ``x_1..x_t``), ``(N, L, d)``, when this kind has its own (not a Dirichlet predictive of
+        counts), else ``None``."""
+
+    @abc.abstractmethod
+    def output_positions(self, data, X, pi):
+        """The positions whose loss ``estimator.positions = "outputs"`` takes, ``(N, L)`` bool;
+        ``ValueError`` when this kind has no output tokens."""
+
     def check_options(self, data) -> None:
         """Refuse an option of another kind (final)."""
         for name, default in KIND_OPTIONS.items():
@@ -147,6 +160,12 @@ class NgramKind(AbstractDataKind):
 
     def bayes_exact(self, data) -> bool:
         return data.kernel is None and prior_of(data).bayes_exact(data)
+
+    def bayes_every(self, data, X, pi):
+        return None
+
+    def output_positions(self, data, X, pi):
+        raise _no_outputs(self.name)
 
     def every_position(self, data, X, y, pi):
         """Position t's target is ``π(·|z_{t+1})``, the row of x_{t+1}'s parents
@@ -305,10 +324,166 @@ class GraphKind(AbstractDataKind):
         # parents: the roots are uniform, the rows independent, every transition counted
         return data.graph_parents > 1 and data.prior in ("dirichlet", "unigram")
 
+    def bayes_every(self, data, X, pi):
+        return None
+
+    def output_positions(self, data, X, pi):
+        raise _no_outputs(self.name)
+
     def every_position(self, data, X, y, pi):
         raise ValueError("estimator.positions = 'all' is not defined for data.kind = 'graph': the task predicts the "
                          "query's successor only (their loss is at the last position); use estimator.positions = "
                          "'last'")  # fmt: skip
+
+
+def _no_outputs(name: str) -> ValueError:
+    return ValueError(f"estimator.positions = 'outputs' takes the loss at the triggers' output tokens: it needs "
+                      f"data.kind = 'triggers', got data.kind = {name!r}")  # fmt: skip
+
+
+def trigger_bigram(data) -> np.ndarray:
+    """The global bigram π_b of ``data.kind = "triggers"``, ``(d, d)`` float64: rows
+    ``Dirichlet(α·1_d)`` drawn once from ``numpy.random.default_rng(data.bigram_seed)``."""
+    rng = np.random.default_rng(int(data.bigram_seed))
+    return rng.dirichlet(np.full(data.d, float(data.alpha)), size=data.d)
+
+
+def trigger_stationary(data) -> np.ndarray:
+    """The stationary law of :func:`trigger_bigram`, ``(d,)`` (the first token's law, and the law
+    the triggers are drawn from)."""
+    return np.asarray(stationary_distribution(jnp.asarray(trigger_bigram(data))), np.float64)
+
+
+def fixed_triggers(data) -> np.ndarray:
+    """``data.trigger_mode = "fixed"``: the ``data.triggers`` most probable tokens under π_b's
+    stationary law, most probable first, ``(K,)`` int."""
+    return np.argsort(-trigger_stationary(data), kind="stable")[: int(data.triggers)]
+
+
+def trigger_rows(data, pi) -> jnp.ndarray:
+    """Which tokens are a sequence's triggers, ``(N, d)`` bool: the rows of its kernel ``pi``
+    ``(N, d, d)`` that differ from π_b (a trigger's row is its output's one-hot vector)."""
+    return jnp.any(jnp.asarray(pi) != jnp.asarray(trigger_bigram(data))[None], axis=-1)
+
+
+@_register
+class TriggersKind(AbstractDataKind):
+    """Bietti et al.'s triggers (their ``ihead_data.py``, with a seeded synthetic bigram in place of
+    Tiny Shakespeare's): a global bigram π_b (:func:`trigger_bigram`), K triggers per sequence
+    (``data.trigger_mode``), each trigger ``q_k`` with an output ``o_k`` uniform on ``[d]`` drawn
+    per sequence (their default: the output may equal a trigger or another output); ``x_1`` from
+    π_b's stationary law, then ``x_{t+1} = o_k`` after ``x_t = q_k``, else ``x_{t+1} ~ π_b(·|x_t)``.
+    Each sequence is a Markov chain whose kernel is π_b with the triggers' rows replaced by their
+    outputs' one-hot vectors: that kernel is the sample's ``pi`` ``(N, d, d)``, the target of
+    position t is its row of ``x_t`` (``data.parents = [1]``).
+
+    **Bayes**: with fixed triggers the posterior predictive of ``x_{t+1}`` is exact and simple: the
+    output seen after an earlier occurrence of the trigger ``x_t``; uniform at a trigger's first
+    occurrence (its output is uniform and nothing before reveals it); ``π_b(·|x_t)`` after any other
+    token. With random triggers the same predictive knows the sequence's trigger set, which the
+    Bayes predictor would infer: the rung is then an oracle on the set (``bayes_exact`` false).
+    K is at most ``d // 2`` (the triggers and the tokens that are not triggers both span at least
+    half the vocabulary)."""
+
+    name: ClassVar[str] = "triggers"
+    options: ClassVar[tuple[str, ...]] = ("triggers", "trigger_mode", "bigram_seed")
+    has_laws: ClassVar[bool] = False
+    shares_chain: ClassVar[bool] = False
+
+    def check(self, data) -> None:
+        K = data.triggers
+        if not isinstance(K, (int, np.integer)) or isinstance(K, bool) or not 1 <= K <= data.d // 2:
+            raise ValueError(f"data.triggers must be an integer in [1, d // 2 = {data.d // 2}] for data.kind = "
+                             f"'triggers' (the number of trigger tokens per sequence), got {K!r}")  # fmt: skip
+        if data.trigger_mode not in TRIGGER_MODES:
+            raise ValueError(f"data.trigger_mode must be one of {TRIGGER_MODES}, got {data.trigger_mode!r}")
+        if not isinstance(data.bigram_seed, (int, np.integer)) or isinstance(data.bigram_seed, bool):
+            raise ValueError(f"data.bigram_seed must be an integer, got {data.bigram_seed!r}")
+        if data.parents != (1,):
+            raise ValueError(f"data.kind = 'triggers' is a Markov chain on the previous token: data.parents must be "
+                             f"[1], got {list(data.parents)}")  # fmt: skip
+        if data.kernel is not None:
+            raise ValueError("data.kernel is an option of data.kind = 'ngram', not of data.kind = 'triggers' (the "
+                             "global bigram is drawn from data.bigram_seed)")  # fmt: skip
+        if data.start != "stationary" or data.burn_in != 0:
+            raise ValueError("data.start and data.burn_in are options of data.kind = 'ngram' (the first token of a "
+                             "triggers sequence is drawn from the bigram's stationary law): leave them at "
+                             "'stationary' and 0")  # fmt: skip
+        if data.prior != "dirichlet":
+            raise ValueError(f"data.prior is an option of data.kind in ('ngram', 'graph'): the triggers' global "
+                             f"bigram has Dirichlet(alpha) rows; leave data.prior at 'dirichlet', got "
+                             f"{data.prior!r}")  # fmt: skip
+        if data.L < 2:
+            raise ValueError(f"data.kind = 'triggers' needs data.L >= 2, got {data.L}")
+
+    def draw(self, data, N, key, dtype):
+        fixed = jnp.asarray(fixed_triggers(data)) if data.trigger_mode == "fixed" else None
+        return _triggers_draw(data, int(N), key, dtype, jnp.asarray(trigger_bigram(data), dtype),
+                              jnp.asarray(trigger_stationary(data), dtype), fixed)  # fmt: skip
+
+    def bayes_counts(self, data, X):
+        return None
+
+    def bayes_exact(self, data) -> bool:
+        return data.trigger_mode == "fixed"
+
+    def bayes_every(self, data, X, pi):
+        if pi is None:
+            raise ValueError("the Bayes rung of data.kind = 'triggers' needs the sample's kernels (its triggers): "
+                             "pass sample= or estimator=")  # fmt: skip
+        X, pi = jnp.asarray(X), jnp.asarray(pi)
+        d = data.d
+        trig = jnp.take_along_axis(trigger_rows(data, pi), X, axis=1)  # (N, L): x_t a trigger
+        seen = _seen_before(X, d)
+        rows = jnp.take_along_axis(pi, X[:, :, None], axis=1)  # (N, L, d): the kernel's row of x_t
+        glob = jnp.asarray(trigger_bigram(data))[X]
+        return jnp.where((trig & seen)[..., None], rows, jnp.where(trig[..., None], 1.0 / d, glob))
+
+    def output_positions(self, data, X, pi):
+        """The positions t where ``x_t`` is a trigger that occurred before (so its output is in the
+        context): their ``outs >= 2``, the output tokens from their second occurrence on."""
+        X = jnp.asarray(X)
+        trig = jnp.take_along_axis(trigger_rows(data, pi), X, axis=1)
+        return trig & _seen_before(X, data.d)
+
+    def every_position(self, data, X, y, pi):
+        return ngram_every_position(data, X, y, pi)
+
+
+def _seen_before(X, d: int):
+    """``(N, L)`` bool: ``x_t`` occurs at some position ``s < t``."""
+    E = jax.nn.one_hot(X, d, dtype=jnp.int32)
+    before = jnp.cumsum(E, axis=1) - E
+    return jnp.take_along_axis(before, X[:, :, None], axis=2)[..., 0] > 0
+
+
+@eqx.filter_jit
+def _triggers_draw(data, N: int, key, dtype, pib, mu, fixed):
+    """:class:`TriggersKind`'s sampler: ``(X, y, zq, cond, pi)`` (π_b, its stationary law and the
+    fixed triggers computed outside, in numpy)."""
+    d, L, K = data.d, data.L, int(data.triggers)
+    ktrig, kout, kseq = jax.random.split(key, 3)
+    if data.trigger_mode == "fixed":
+        q = jnp.broadcast_to(fixed, (N, K))
+    else:  # K distinct tokens from μ_b without replacement: the top K of log μ + Gumbel noise
+        g = jnp.log(mu)[None] + jax.random.gumbel(ktrig, (N, d), dtype)
+        q = jax.lax.top_k(g, K)[1]
+    o = jax.random.randint(kout, (N, K), 0, d)
+    rows = jnp.arange(N)[:, None]
+    pi = jnp.broadcast_to(pib, (N, d, d)).at[rows, q].set(jax.nn.one_hot(o, d, dtype=dtype))
+    u = jax.random.uniform(kseq, (L + 1, N), dtype=dtype)
+    x1 = _inverse_draw(jnp.broadcast_to(mu, (N, d)), u[0])
+    n = jnp.arange(N)
+
+    def step(x, ut):
+        nxt = _inverse_draw(pi[n, x], ut)
+        return nxt, nxt
+
+    _, rest = jax.lax.scan(step, x1, u[1:])  # x_2..x_{L+1}
+    X = jnp.concatenate([x1[None], rest[:-1]], axis=0).T.astype(jnp.int32)
+    y = rest[-1]
+    q_last = X[:, -1]
+    return X, y, q_last.astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int32), pi[n, q_last], pi
 
 
 def config_codes(full, offsets, d: int):

@@ -34,7 +34,7 @@ _LOSSES = ("log", "ce_on_probs")
 _DTYPES = ("float64", "float32")
 _LAYOUTS = ("auto",) + LAYOUTS
 _TARGETS = ("expected", "drawn")
-POSITIONS = ("last", "all")
+POSITIONS = ("last", "all", "outputs")
 
 
 class EstimatorConfig(eqx.Module):
@@ -80,6 +80,10 @@ class EstimatorConfig(eqx.Module):
       token has all its parents in the context, ``t >= max(data.parents)``). ``"all"`` needs a
       member that predicts at every position (:func:`every_position_members`: ``edelman``; in
       the positions layout) and the n-gram data; ``estimator.target`` keeps its meaning at each position.
+      ``"outputs"`` (extension, Bietti et al.'s ``loss_head_only``; ``data.kind = "triggers"``
+      only): the positions whose token is a trigger seen before, so that the next token is its
+      output from its second occurrence on, averaged over all such positions of the sample
+      (a sequence with none adds nothing).
     """
 
     N: int = eqx.field(static=True, default=10_000)
@@ -92,7 +96,7 @@ class EstimatorConfig(eqx.Module):
     shard: bool = eqx.field(static=True, default=False)
     target: Literal["expected", "drawn"] = eqx.field(static=True, default="expected")
     relabel: bool = eqx.field(static=True, default=False)
-    positions: Literal["last", "all"] = eqx.field(static=True, default="last")
+    positions: Literal["last", "all", "outputs"] = eqx.field(static=True, default="last")
 
     def __check_init__(self):
         if not isinstance(self.N, (int, np.integer)) or self.N < 1:
@@ -381,17 +385,23 @@ def every_position_members() -> tuple[str, ...]:
 def check_positions(data: DataConfig, model: ModelConfig, estimator: EstimatorConfig) -> None:
     """``ValueError`` naming the key when ``estimator.positions`` cannot be taken with this data,
     member and layout (before any compute)."""
+    if data.kind == "triggers" and estimator.relabel:
+        raise ValueError("estimator.relabel is not defined for data.kind = 'triggers' (its global bigram and fixed "
+                         "triggers are not symmetric under relabelling): set estimator.relabel = false")  # fmt: skip
     if estimator.positions == "last":
         return
+    if estimator.positions == "outputs" and data.kind != "triggers":
+        kind_of(data).output_positions(data, None, None)  # its refusal
     m = member_of(model)
+    where = estimator.positions
     if not m.every_position:
-        raise ValueError(f"estimator.positions = 'all' needs a member that predicts at every position, "
+        raise ValueError(f"estimator.positions = {where!r} needs a member that predicts at every position, "
                          f"model.member in {every_position_members()}; model.member = {model.member!r} "
                          f"predicts at the last position only")  # fmt: skip
     if estimator.layout not in ("auto", "positions"):
-        raise ValueError(f"estimator.positions = 'all' is computed in estimator.layout = 'positions' (or 'auto'), "
+        raise ValueError(f"estimator.positions = {where!r} is computed in estimator.layout = 'positions' (or 'auto'), "
                          f"got {estimator.layout!r}")  # fmt: skip
-    if data.kind == "graph":
+    if data.kind == "graph" and estimator.positions == "all":
         kind_of(data).every_position(data, None, None, None)  # its refusal
 
 
@@ -409,6 +419,14 @@ def loss_targets(smp: Sample, data: DataConfig, estimator: EstimatorConfig):
     if estimator.target == "drawn":
         nxt = jnp.concatenate([smp.X[:, 1:], smp.y[:, None].astype(smp.X.dtype)], axis=1)
         cond = jax.nn.one_hot(nxt, data.d, dtype=smp.cond.dtype)
+    if estimator.positions == "outputs":  # (N, L): the sample's output positions, each weighted alike
+        valid = kind_of(data).output_positions(data, smp.X, smp.pi)
+        n = jnp.sum(valid)
+        if int(n) == 0:
+            raise ValueError("estimator.positions = 'outputs': the sample holds no output token (no trigger occurs "
+                             "twice in a sequence): raise data.L or estimator.N")  # fmt: skip
+        w = jnp.asarray(valid, smp.cond.dtype) * (valid.shape[0] / n)
+        return cond.astype(smp.cond.dtype) * w[:, :, None]
     w = jnp.asarray(valid / valid.sum(), smp.cond.dtype)
     return cond.astype(smp.cond.dtype) * w[None, :, None]
 

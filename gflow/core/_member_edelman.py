@@ -29,22 +29,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from ._ops import sequence_loss, softmax_any
-from ._positional import AbstractPositionalModel
+from ._ops import sequence_loss
+from ._positional import AbstractOffsetModel, offset_attention
 from ._registry import register
+
+__all__ = ["EdelmanModel", "logits", "logits_all", "offset_attention"]
 
 #: the start of every entry of W (their ``torch.nn.init.constant_(self.W.weight, 0.01)``)
 W0 = 0.01
-
-
-def offset_attention(v, L: int):
-    """``softmax_{j≤s}(v_{s−j})`` of every position s, ``(..., L, L)`` (row s, column j; the future
-    masked): numpy in, numpy out; JAX in, JAX out."""
-    xp = jnp if isinstance(v, jax.Array) else np
-    s, j = np.arange(L)[:, None], np.arange(L)[None, :]
-    return softmax_any(xp.where(j <= s, v[..., np.clip(s - j, 0, L - 1)], -xp.inf))
 
 
 def logits(W, h, X, d: int):
@@ -62,7 +55,7 @@ def logits_all(W, h, X, d: int):
 
 
 @register
-class EdelmanModel(AbstractPositionalModel):
+class EdelmanModel(AbstractOffsetModel):
     """Edelman et al.'s minimal model (see the module docstring)."""
 
     name = "edelman"
@@ -71,12 +64,6 @@ class EdelmanModel(AbstractPositionalModel):
     empty_set = False
     every_position = True
     outputs_logits = True
-
-    @classmethod
-    def check_config(cls, model) -> None:
-        if model.H != 1 or model.D != 1:
-            raise ValueError(f"model.member = 'edelman' has one head and no selector: model.H and model.D must be 1, "
-                             f"got H={model.H}, D={model.D}")  # fmt: skip
 
     @classmethod
     def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:
@@ -88,46 +75,9 @@ class EdelmanModel(AbstractPositionalModel):
     def stage_moves(self):
         return {"I": ("C",), "II": ("v",), "III": ("W",), "joint": ("v", "C", "W")}
 
-    def block_group(self, name: str) -> str:
-        return {"v": "w", "W": "a"}.get(name, name)
-
     @property
     def readout_blocks(self):
         return ("W",)
-
-    @property
-    def caches_selector(self) -> bool:
-        return False
-
-    def sequence_attention(self, blocks, L):
-        return offset_attention(np.asarray(blocks["v"], np.float64), L)[None]
-
-    def query_attention(self, blocks):
-        """The last position's attention on the offsets ``1..M`` before it, ``(1, M)``."""
-        v = blocks["v"]
-        L = v.shape[-1]
-        row = offset_attention(v, L)[..., L - 1, :]  # over positions j = 1..L
-        xp = jnp if isinstance(v, jax.Array) else np
-        cols = [row[..., L - 1 - j] if j < L else xp.zeros(row.shape[:-1]) for j in range(1, self.model.M + 1)]
-        return xp.stack(cols, axis=-1)[..., None, :]
-
-    positions_products = positions_from_products = AbstractPositionalModel._no_table  # no selector to cache
-
-    # -- the positions layout: z is layer 1's output h, (L, d) -------------------------------------
-    @property
-    def reads_match_tensors(self) -> bool:
-        return False
-
-    def position_inputs(self, x, dtype):
-        return None, None
-
-    def positions_z(self, p, X, G, Gs, d):
-        v = p.get("v")
-        if v.shape[-1] != X.shape[-1]:
-            raise ValueError(f"model.member = 'edelman' was trained at L = {v.shape[-1]}: its offset weights "
-                             f"cannot read a context of L = {X.shape[-1]}")  # fmt: skip
-        E = jax.nn.one_hot(X, d, dtype=v.dtype)
-        return offset_attention(v, X.shape[-1]) @ E  # h_s, (L, d)
 
     def positions_readout(self, p, z, X, cond, eps, kind):
         if kind != "ce_on_probs":

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import (  # noqa: F401  (each import registers its member)
     _member_absolute,  # "absolute": absolute positional embeddings
+    _member_bietti,  # "bietti": Bietti et al.'s birth of an induction head (triggers)
     _member_bilinear,  # "bilinear": a bilinear second layer
     _member_edelman,  # "edelman": Edelman et al.'s minimal model (linear attention)
     _member_full,  # "full": the official code's Full model
@@ -22,7 +23,7 @@ from . import (  # noqa: F401  (each import registers its member)
 from ._model import ModelConfig
 from ._registry import MEMBERS
 
-ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear", "nichani", "edelman")
+ORDER = ("paper", "token", "value", "full", "absolute", "residual", "linear_query", "linear_output", "bilinear", "nichani", "edelman", "bietti")
 _registered = dict(MEMBERS)
 MEMBERS.clear()
 MEMBERS.update({n: _registered[n] for n in ORDER if n in _registered})
@@ -46,7 +47,7 @@ def sequence_attention(model: ModelConfig, blocks: dict, L: int) -> np.ndarray:
       (``gflow.core._attention.window_attention``);
     - ``absolute``: ``softmax(A_h[l])`` over the offsets ``1..M`` of position l (same padding);
     - ``nichani``: ``softmax`` of the causal row ``A⁽¹⁾_h[l, j ≤ l]`` (rows sum to one);
-    - ``edelman``: ``softmax_{j≤l}(v_{l−j})`` (offset 0 included; rows sum to one).
+    - ``edelman``, ``bietti``: ``softmax_{j≤l}(v_{l−j})`` (offset 0 included; rows sum to one).
 
     The members whose first layer reads the tokens (``token``, ``full``) have no attention
     without a sequence: ``ValueError``.

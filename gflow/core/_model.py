@@ -42,6 +42,7 @@ MEMBER_OPTIONS: dict[str, object] = {
     "layernorm": False,
     "proj_init": 0.01,
     "omega0": 1.0,
+    "random_init": 0.0,
 }
 
 
@@ -100,6 +101,8 @@ class ModelConfig(eqx.Module):
     - `proj_init`: (full) the official ``proj_init``: ``Q_h = K_h = W_OV,h = proj_init·I``
       (default 0.01, as ``RPE/train.py``).
     - `omega0`: (linear_output) the output matrix starts at ``omega0·I`` (default 1).
+    - `random_init`: (bietti) the scale σ of a small random start: every entry of its blocks drawn
+      ``σ·N(0, 1)`` from seed 0; 0 (the default) the zero start.
     """
 
     M: int = eqx.field(static=True, default=3)
@@ -115,6 +118,7 @@ class ModelConfig(eqx.Module):
     layernorm: bool = eqx.field(static=True, default=False)
     proj_init: float = eqx.field(static=True, default=0.01)
     omega0: float = eqx.field(static=True, default=1.0)
+    random_init: float = eqx.field(static=True, default=0.0)
 
     def __check_init__(self):
         for name in ("M", "H"):
@@ -138,7 +142,7 @@ class ModelConfig(eqx.Module):
             raise ValueError(f"model.token_form must be one of {_TOKEN_FORMS}, got {self.token_form!r}")
         if self.layernorm is not True and self.layernorm is not False:
             raise ValueError(f"model.layernorm must be true or false, got {self.layernorm!r}")
-        for name in ("token_init", "value_init", "proj_init", "omega0"):
+        for name in ("token_init", "value_init", "proj_init", "omega0", "random_init"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not np.isfinite(v):
                 raise ValueError(f"model.{name} must be a finite number, got {v!r}")

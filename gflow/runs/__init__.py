@@ -35,6 +35,7 @@ from ._preflight import estimate_memory as estimate_memory
 from ._preflight import fmt_bytes as fmt_bytes
 from ._preflight import preflight as preflight
 from ._read import attention as attention
+from ._read import probes as probes
 from ._read import strategies as strategies
 from ._replicates import Replicates as Replicates
 from ._replicates import default_batch as default_batch

@@ -9,7 +9,7 @@ import numpy as np
 from ..core import sequence_attention
 from ..trajectory import Trajectory, load
 
-__all__ = ["attention", "strategies"]
+__all__ = ["attention", "probes", "strategies"]
 
 
 def attention(run: Trajectory | str | Path, i: int = -1) -> np.ndarray:
@@ -42,3 +42,23 @@ def strategies(run: Trajectory | str | Path, *, every: int = 1) -> dict:
     if len(traj.ts) == 0:
         raise ValueError("strategies: the run has no saved time")
     return strategies_of(traj, every=every)
+
+
+def probes(run: Trajectory | str | Path, *, every: int = 1) -> dict:
+    """Bietti et al.'s probes at the run's saved times (``gflow.theory.probes_of``): for the member
+    ``bietti``, ``probe_wo2`` and ``probe_wk2`` (the fraction of rows of W_O² and W_K² whose largest
+    entry is on the diagonal; W_K²'s over the fixed triggers, else every token) and ``probe_wk1``
+    (layer 1's attention on offset 1, averaged over the positions); for the triggers data,
+    ``loss_outputs`` (the loss at the trigger outputs from their second occurrence), ``loss_rest``
+    (at the tokens that are not triggers) and ``entropy_rest`` (the global bigram's entropy rate
+    there, the least ``loss_rest`` can be); with ``"t"``, at every `every`-th saved time and the
+    last. Computed from the saved θ, like :func:`strategies` (one gradient of the loss in its targets
+    per saved time for the loss split); the report's probe rows give their crossing times."""
+    from ..theory import probes_of
+
+    traj = run if isinstance(run, Trajectory) else load(run)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"probes: every must be an integer >= 1, got {every!r}")
+    if len(traj.ts) == 0:
+        raise ValueError("probes: the run has no saved time")
+    return probes_of(traj, every=every)

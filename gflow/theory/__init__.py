@@ -29,6 +29,8 @@ from ._laws import gih_tail as gih_tail
 from ._laws import predict_selection as predict_selection
 from ._laws import stage1_rates_exact as stage1_rates_exact
 from ._laws import stage1_rates_small_a as stage1_rates_small_a
+from ._probes import PROBES as PROBES
+from ._probes import probes_of as probes_of
 from ._result import LAW_COVERAGE as LAW_COVERAGE
 from ._result import ChiSquaredRanking as ChiSquaredRanking
 from ._result import Stage1Duration as Stage1Duration

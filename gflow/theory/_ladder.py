@@ -157,6 +157,11 @@ def bayes_predictive(n: jnp.ndarray, alpha: float) -> jnp.ndarray:
 
 @functools.partial(jax.jit, static_argnames="kind")
 def _score(p, cond, eps, kind: str):
+    """Per-sequence loss of the rung `p` against `cond` (``0 log 0 = 0``: a rung that gives zero
+    probability only where the target has none, as the triggers' Bayes rung, is finite)."""
+    if kind == "log":
+        ok = cond > 0
+        return -jnp.sum(jnp.where(ok, cond * jnp.log(jnp.where(ok, p + eps, 1.0)), 0.0), -1)
     return jax.vmap(lambda pp, c: sequence_loss(pp, c, eps, kind))(p, cond)
 
 
@@ -342,10 +347,14 @@ def loss_ladder(
     dkind = kind_of(data)  # the data family's member: the n-gram rule below, or its own counts
     if dkind.name != "ngram":
         src = sample if sample is not None else _tokens_of(loss, data, estimator)
-        n = dkind.bayes_counts(data, src.X)
+        if getattr(src, "pi", None) is None and estimator is not None:  # the features hold no kernels
+            src = _redraw(data, estimator, loss)
+        own = dkind.bayes_every(data, src.X, getattr(src, "pi", None))
+        n = None if own is not None else dkind.bayes_counts(data, src.X)
     else:
-        n = bayes_counts(src, prior.bayes_offsets(data.parents))
-    values["bayes"] = np.asarray(score(bayes_predictive(n, float(data.alpha)), cond))
+        own, n = None, bayes_counts(src, prior.bayes_offsets(data.parents))
+    p_bayes = jnp.asarray(own[:, -1], jnp.float64) if own is not None else bayes_predictive(n, float(data.alpha))
+    values["bayes"] = np.asarray(score(p_bayes, cond))
 
     gih = make_gih(loss, tuple(S)) if kind == loss.kind else make_gih(loss.feats, tuple(S), eps=eps, kind=kind,
                                                                        M=loss.model.M)  # fmt: skip
@@ -386,8 +395,8 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
     if not np.allclose(np.asarray(loss_targets(sample, data, est)), target):
         raise ValueError("the ladder needs the loss's own sample, and the loss's targets are not the ones "
                          "estimator.seed draws (a loss built from another key)")  # fmt: skip
-    law, valid = kind_of(data).every_position(data, sample.X, sample.y, sample.pi)
-    law, w = np.asarray(law, np.float64), valid / valid.sum()
+    law, _ = kind_of(data).every_position(data, sample.X, sample.y, sample.pi)
+    law, w = np.asarray(law, np.float64), target.sum(-1)  # (N, L): the loss's weight of each position
     X = np.asarray(sample.X)
     N, L = X.shape
 
@@ -396,10 +405,14 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
 
     values = {"oracle": score(law)}
     H = -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)  # (N, L)
-    ent = (H * w[None, :]).sum(-1)
-    offs = prior_of(data).bayes_offsets(data.parents)
-    values["bayes"] = score(np.asarray(bayes_predictive(_prefix_counts(X, np.asarray(sample.y), offs, data.d),
-                                                        float(data.alpha))))  # fmt: skip
+    ent = (H * w).sum(-1)
+    own = kind_of(data).bayes_every(data, sample.X, sample.pi)
+    if own is not None:
+        values["bayes"] = score(np.asarray(own, np.float64))
+    else:
+        offs = prior_of(data).bayes_offsets(data.parents)
+        values["bayes"] = score(np.asarray(bayes_predictive(_prefix_counts(X, np.asarray(sample.y), offs, data.d),
+                                                            float(data.alpha))))  # fmt: skip
     E = np.eye(data.d)[X]
     values["unigram"] = score(np.cumsum(E, 1) / np.arange(1, L + 1)[None, :, None])
     if params is not None:

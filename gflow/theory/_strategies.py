@@ -116,7 +116,8 @@ def strategy_phases(t, kl, factor: float = 2.0) -> list[tuple[str, float, float]
 def score_probs(p, target, eps: float, kind: str) -> np.ndarray:
     """Per-sequence loss of the probability vectors `p` against `target` (both ``(N, d)``, or
     ``(N, L, d)`` with the every-position target's weights), numpy: ``−Σ target log(p + ε)``, or
-    ``−Σ target log softmax(p)`` for ``ce_on_probs``; a zero probability with ε = 0 gives ``inf``."""
+    ``−Σ target log softmax(p)`` for ``ce_on_probs`` (``0 log 0 = 0``); a zero probability where the
+    target has mass, with ε = 0, gives ``inf``."""
     target = np.asarray(target, np.float64)
     if kind == "log":
         with np.errstate(divide="ignore"):
@@ -124,7 +125,7 @@ def score_probs(p, target, eps: float, kind: str) -> np.ndarray:
     else:
         z = p - p.max(-1, keepdims=True)
         lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-    return -np.sum(target * lp, axis=tuple(range(1, target.ndim)))
+    return -np.sum(np.where(target > 0, target * np.where(target > 0, lp, 0.0), 0.0), axis=tuple(range(1, target.ndim)))
 
 
 def strategy_losses(target, X, eps: float, kind: str) -> dict[str, np.ndarray]:
