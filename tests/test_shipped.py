@@ -34,6 +34,7 @@ t1 = 5e4
 TINY = ["--param", "data.L=30", "--param", "estimator.N=500"]
 # per shipped configuration, what else makes it tiny (the official Full run: 40 Euler steps)
 TINY_EXTRA = {"official_full.toml": ["--param", "schedule.t1=0.2"], "edelman.toml": ["--param", "schedule.t1=20"],
+              "bietti.toml": ["--param", "schedule.t1=20"],
               "nichani.toml": ["--param", "schedule.durations=[1,1000,1000]"],
               # the heap graph's target at L = 30 has the parents 30 and 15: offsets 1 and 16
               "nichani_dag.toml": ["--param", "schedule.durations=[1,1000,1000]", "--param", "data.parents=[1,16]"]}  # fmt: skip

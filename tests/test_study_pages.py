@@ -277,3 +277,41 @@ def test_gd_at_the_edge_page_has_the_studys_tables_and_its_claims_hold():
             for c in r["catapults"][1:] if eta == 0.2 else r["catapults"]:
                 assert abs(c["t_start"] - c["t_start_flow"]) <= 2 * eta + 0.05 + 1e-9, (eta, c)
     assert runs[0.025]["norm"]["gd_end"] / runs[0.025]["norm"]["bound"] == pytest.approx(1.21, abs=0.01)
+
+
+def test_comparison_page_has_the_studys_tables_and_its_claims_hold():
+    """docs/results/comparison.md: the three tables rendered from figures/comparison.json, no
+    placeholder left, the four works' columns, and the page's claims re-derived from the raw
+    numbers: Bietti's bigram before the head and layer 1 last; their top-down order with the loss at
+    the outputs; one layer far above two on the trigger outputs; the zero start's powers 1, 1, 2, 4;
+    the crossing table filled; only the paper's model learns the conjunction of two parents."""
+    st = _study("comparison")
+    res = json.loads((ROOT / "figures" / "comparison.json").read_text())
+    page = (DOCS / "comparison.md").read_text()
+    for part in st.render_tables(res).split("\n\n"):
+        assert part.strip() in page
+    for placeholder in ("TEXT_", "TABLES_", "RUNTIME", "_CLAIM", "_VERDICT"):
+        assert placeholder not in page
+    assert "| | this paper (Chen, Sheen, Wang, Yang) | Nichani, Damian, Lee | Bietti et al. | Edelman et al. |" in page
+    b = {r["case"]: r for r in res["bietti"]}
+    assert set(b) == set(st.BIETTI_VARIANTS)
+    two, one, outs = b["random start"], b["one layer"], b["outputs loss"]
+    assert two["t_bigram"] < two["t_head"] < two["cross_half"]["probe_wk1"]
+    for r in b.values():
+        if r["cross_half"]["probe_wk1"] is not None:
+            assert r["cross_half"]["probe_wk1"] > max(r["cross_half"]["probe_wo2"], r["cross_half"]["probe_wk2"])
+    c = outs["cross_half"]
+    assert c["probe_wo2"] < c["probe_wk2"] < c["probe_wk1"]  # top-down with their loss
+    assert one["cross_half"]["probe_wk1"] is None and one["loss_outputs"][1] > 4 * two["loss_outputs"][1]
+    assert one["flow_minus_bayes"][0] - two["flow_minus_bayes"][0] > 10 * one["flow_minus_bayes"][1]
+    slopes = b["zero start"]["slopes"]
+    for blk, power in (("WO", 1), ("WF", 1), ("WK", 2), ("v", 4)):
+        assert abs(slopes[blk] - power) < 0.01, blk
+    assert len(res["cross"]) == 5 and all(r["loss_end"] < r["loss_start"] for r in res["cross"])
+    h = {r["case"]: r for r in res["hurdle"]}
+    assert set(h) == {"the paper's", "Nichani's", "Edelman's", "Bietti's"}
+    assert h["the paper's"]["conjunction"] and h["the paper's"]["selected"] == [1, 2]
+    assert not any(r["conjunction"] for k, r in h.items() if k != "the paper's")
+    for r in h.values():
+        m, s = r["minus_best_single"]
+        assert r["conjunction"] == (m < -st.K_SE * s)
