@@ -86,7 +86,7 @@ def test_unigram_bayes_rung_is_the_add_alpha_token_count():
         ({"prior": "doubly_stochastic"}, r"needs one parent, data.parents = \[p\], got data.parents = \[1, 2\]"),
         ({"prior": "doubly_stochastic", "parents": [1], "alpha": 0.1}, r"needs data.alpha >= 0.3"),
         ({"prior": "beta"}, r"data.prior must be one of \('dirichlet', 'doubly_stochastic', 'unigram'\)"),
-        ({"kind": "tree"}, r"data.kind must be one of \('ngram', 'graph'\)"),
+        ({"kind": "tree"}, r"data.kind must be one of \('ngram', 'graph', 'triggers'\)"),
     ],
 )
 def test_bad_priors_are_refused_naming_the_field(data, match, tmp_path, capsys):
