@@ -81,10 +81,6 @@ class BiettiModel(AbstractOffsetModel):
 
     name = "bietti"
     options = ("random_init",)
-    token_component = False
-    empty_set = False
-    every_position = True
-    outputs_logits = True
 
     @classmethod
     def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:

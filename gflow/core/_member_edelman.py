@@ -60,10 +60,6 @@ class EdelmanModel(AbstractOffsetModel):
 
     name = "edelman"
     options = ()
-    token_component = False
-    empty_set = False
-    every_position = True
-    outputs_logits = True
 
     @classmethod
     def initial_extra(cls, model, init, p, *, d, L, dtype) -> dict:

@@ -74,7 +74,13 @@ class AbstractOffsetModel(AbstractPositionalModel):
     layer is a softmax over the causal past with one weight per offset, the block ``"v"`` ``(L,)``
     (:func:`offset_attention`; Edelman et al.'s and Bietti et al.'s models): ``z`` of the
     positions layout is layer 1's output ``h_s = Σ_{j≤s} softmax_{j≤s}(v_{s−j}) e(x_j)``, ``(L, d)``.
-    A member implements its blocks, stages and readout."""
+    A member implements its blocks, stages and readout; it predicts at every position and outputs
+    logits (scored by the cross-entropy of their softmax)."""
+
+    token_component = False
+    empty_set = False
+    every_position = True
+    outputs_logits = True
 
     @classmethod
     def check_config(cls, model) -> None:

@@ -15,3 +15,17 @@ def save_figure(fig, path, dpi: int = 120):
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path
+
+
+def reuse_run(cfg, out):
+    """The complete run of `cfg` in the folder `out`: reused when it holds that run complete, else
+    integrated (again, over any other run there), so a study is resumable by rerunning it."""
+    import gflow
+
+    try:
+        traj = gflow.load(out)
+        if traj.status == "complete" and traj.config == cfg:
+            return traj
+    except Exception:  # noqa: BLE001  (absent or unreadable: integrated again)
+        pass
+    return gflow.integrate(cfg, out=out, overwrite=True)

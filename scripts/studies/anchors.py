@@ -43,6 +43,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
+from _study import reuse_run  # noqa: E402
+
 import gflow  # noqa: E402
 from gflow.config import load_config  # noqa: E402
 from gflow.core import graph_parent_sets, graph_parents, make_loss, sample  # noqa: E402
@@ -52,13 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(cfg, out: Path):
     """The complete run of `cfg` in `out` (reused when it is there)."""
-    try:
-        traj = gflow.load(out)
-        if traj.status == "complete" and traj.config == cfg:
-            return traj
-    except Exception:  # noqa: BLE001  (absent or unreadable: integrated again)
-        pass
-    return gflow.integrate(cfg, out=out, overwrite=True)
+    return reuse_run(cfg, out)
 
 
 def edelman(out: Path, prior: str, parents=(1,)) -> dict:

@@ -47,6 +47,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
+from _study import reuse_run  # noqa: E402
+
 import gflow  # noqa: E402
 from gflow.config import load_config  # noqa: E402
 from gflow.core import Params, make_loss  # noqa: E402
@@ -66,13 +68,7 @@ LAST_T1 = 2.0e4
 
 def run(cfg, out: Path):
     """The complete run of `cfg` in `out` (reused when it is there)."""
-    try:
-        traj = gflow.load(out)
-        if traj.status == "complete" and traj.config == cfg:
-            return traj
-    except Exception:  # noqa: BLE001  (absent or unreadable: integrated again)
-        pass
-    return gflow.integrate(cfg, out=out, overwrite=True)  # another configuration: integrated again
+    return reuse_run(cfg, out)
 
 
 def _theta(traj, i=-1):
