@@ -33,6 +33,7 @@ from ._features import features as features
 from ._features import features_time_major as features_time_major
 from ._kinds import KINDS as KINDS
 from ._kinds import AbstractDataKind as AbstractDataKind
+from ._kinds import at_trigger as at_trigger
 from ._kinds import config_codes as config_codes
 from ._kinds import dag_parent_sets as dag_parent_sets
 from ._kinds import fixed_triggers as fixed_triggers
@@ -40,7 +41,6 @@ from ._kinds import graph_parent_sets as graph_parent_sets
 from ._kinds import graph_parents as graph_parents
 from ._kinds import kind_of as kind_of
 from ._kinds import trigger_bigram as trigger_bigram
-from ._kinds import trigger_rows as trigger_rows
 from ._loss import MAX_RELABEL_D as MAX_RELABEL_D
 from ._loss import EstimatorConfig as EstimatorConfig
 from ._loss import LossStats as LossStats

@@ -366,6 +366,12 @@ def trigger_rows(data, pi) -> jnp.ndarray:
     return jnp.any(jnp.asarray(pi) != jnp.asarray(trigger_bigram(data))[None], axis=-1)
 
 
+def at_trigger(data, X, pi) -> jnp.ndarray:
+    """Whether each position's token is one of its sequence's triggers, ``(N, L)`` bool, from the
+    tokens ``X`` ``(N, L)`` and the kernels ``pi`` (:func:`trigger_rows`)."""
+    return jnp.take_along_axis(trigger_rows(data, pi), jnp.asarray(X), axis=1)
+
+
 @_register
 class TriggersKind(AbstractDataKind):
     """Bietti et al.'s triggers (their ``ihead_data.py``, with a seeded synthetic bigram in place of
@@ -433,7 +439,7 @@ class TriggersKind(AbstractDataKind):
                              "pass sample= or estimator=")  # fmt: skip
         X, pi = jnp.asarray(X), jnp.asarray(pi)
         d = data.d
-        trig = jnp.take_along_axis(trigger_rows(data, pi), X, axis=1)  # (N, L): x_t a trigger
+        trig = at_trigger(data, X, pi)
         seen = _seen_before(X, d)
         rows = jnp.take_along_axis(pi, X[:, :, None], axis=1)  # (N, L, d): the kernel's row of x_t
         glob = jnp.asarray(trigger_bigram(data))[X]
@@ -442,9 +448,7 @@ class TriggersKind(AbstractDataKind):
     def output_positions(self, data, X, pi):
         """The positions t where ``x_t`` is a trigger that occurred before (so its output is in the
         context): their ``outs >= 2``, the output tokens from their second occurrence on."""
-        X = jnp.asarray(X)
-        trig = jnp.take_along_axis(trigger_rows(data, pi), X, axis=1)
-        return trig & _seen_before(X, data.d)
+        return at_trigger(data, X, pi) & _seen_before(jnp.asarray(X), data.d)
 
     def every_position(self, data, X, y, pi):
         return ngram_every_position(data, X, y, pi)

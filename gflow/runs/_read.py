@@ -36,12 +36,7 @@ def strategies(run: Trajectory | str | Path, *, every: int = 1) -> dict:
     per time), for every member, layout and data kind."""
     from ..theory import strategies_of
 
-    traj = run if isinstance(run, Trajectory) else load(run)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"strategies: every must be an integer >= 1, got {every!r}")
-    if len(traj.ts) == 0:
-        raise ValueError("strategies: the run has no saved time")
-    return strategies_of(traj, every=every)
+    return strategies_of(_saved(run, every, "strategies"), every=every)
 
 
 def probes(run: Trajectory | str | Path, *, every: int = 1) -> dict:
@@ -56,9 +51,15 @@ def probes(run: Trajectory | str | Path, *, every: int = 1) -> dict:
     per saved time for the loss split); the report's probe rows give their crossing times."""
     from ..theory import probes_of
 
+    return probes_of(_saved(run, every, "probes"), every=every)
+
+
+def _saved(run, every, who: str) -> Trajectory:
+    """The trajectory of `run` (loaded from its folder if need be), refusing a stride `every` that is
+    not an integer >= 1 and a run with no saved time, the errors named after the function `who`."""
     traj = run if isinstance(run, Trajectory) else load(run)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise ValueError(f"probes: every must be an integer >= 1, got {every!r}")
+        raise ValueError(f"{who}: every must be an integer >= 1, got {every!r}")
     if len(traj.ts) == 0:
-        raise ValueError("probes: the run has no saved time")
-    return probes_of(traj, every=every)
+        raise ValueError(f"{who}: the run has no saved time")
+    return traj

@@ -165,6 +165,12 @@ def _score(p, cond, eps, kind: str):
     return jax.vmap(lambda pp, c: sequence_loss(pp, c, eps, kind))(p, cond)
 
 
+def entropy(law) -> np.ndarray:
+    """``−Σ_e p log p`` over the last axis of the laws `law` (numpy, ``0 log 0 = 0``)."""
+    law = np.asarray(law, np.float64)
+    return -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)
+
+
 @jax.jit
 def _entropy(cond):
     """``H(π(·|z_q)) = −Σ_e π log π`` per sequence (``0 log 0 = 0``)."""
@@ -404,7 +410,7 @@ def _every_position_ladder(loss, data, *, params, sample, estimator) -> Ladder:
         return score_probs(p, target, eps, kind)
 
     values = {"oracle": score(law)}
-    H = -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)  # (N, L)
+    H = entropy(law)  # (N, L)
     ent = (H * w).sum(-1)
     own = kind_of(data).bayes_every(data, sample.X, sample.pi)
     if own is not None:

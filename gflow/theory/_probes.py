@@ -32,7 +32,8 @@ def probes_of(traj, *, every: int = 1, loss=None) -> dict:
     """The probes at every `every`-th saved time and the last: ``{"t", "probe_wo2", "probe_wk2",
     "probe_wk1"}`` for the member ``bietti``, ``{"loss_outputs", "loss_rest", "entropy_rest"}`` for
     the triggers data (module docstring); `loss`: the run's estimator when already built."""
-    from ..core import Params, bietti_probes, fixed_triggers, kind_of, loss_sample, make_loss, trigger_rows
+    from ..core import Params, at_trigger, bietti_probes, fixed_triggers, kind_of, loss_sample, make_loss
+    from ._ladder import entropy
     from ._strategies import model_predictions
 
     cfg, n = traj.config, len(traj.ts)
@@ -56,10 +57,10 @@ def probes_of(traj, *, every: int = 1, loss=None) -> dict:
         kind = kind_of(cfg.data)
         law = np.asarray(kind.every_position(cfg.data, smp.X, smp.y, smp.pi)[0], np.float64)  # (N, L, d)
         outs = np.asarray(kind.output_positions(cfg.data, smp.X, smp.pi))
-        rest = ~np.take_along_axis(np.asarray(trigger_rows(cfg.data, smp.pi)), np.asarray(smp.X), axis=1)
+        rest = ~np.asarray(at_trigger(cfg.data, smp.X, smp.pi))
         if est.positions == "last":
             law, outs, rest = law[:, -1:], outs[:, -1:], rest[:, -1:]
-        H = -np.sum(np.where(law > 0, law * np.log(np.where(law > 0, law, 1.0)), 0.0), -1)
+        H = entropy(law)
         out["entropy_rest"] = float(H[rest].mean()) if rest.any() else float("nan")
         lo, lr = [], []
         dt = loss.eps.dtype
