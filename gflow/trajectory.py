@@ -22,6 +22,13 @@ are then the seed means of those (θ̄ = the mean parameters, the mean loss, …
 every reader of a trajectory reads the seed mean. ``run.json`` says ``"seeds": R``.
 Deterministic runs have ``per_seed = None`` and files without ``seed_*`` arrays.
 
+**What a run's model predicts.** Once a run is integrated, its folder also holds
+:attr:`Trajectory.kl`, the mean KL from each of Edelman et al.'s three in-context strategies
+(uniform, unigram, bigram) to the model at every saved time, stored as ``kl_uniform``,
+``kl_unigram``, ``kl_bigram`` (``gflow.strategies``; a run saved before them has none, and
+``gflow.strategies`` computes them from θ). They describe the saved rows they were computed
+from: appending rows (a resumed run) drops them until the run is integrated again.
+
 **Complete means whole.** ``gflow run`` lists the files it writes after the integration (the
 report, ``theory.json``, the figures) in the snapshot's ``files`` manifest: while it writes them
 the status is :data:`WRITING` (the integration is complete, its outputs are not), and it becomes
@@ -56,6 +63,9 @@ _ARRAYS = (
 # the kinds of a member's extra arrays, per extra block b: x_b (θ), grad_x_b, grad_se_x_b
 _EXTRA_KINDS = ("x", "grad_x", "grad_se_x")
 
+
+# The strategies' KL to the model at every saved time, stored once a run is integrated (Trajectory.kl).
+KL_ARRAYS = ("kl_uniform", "kl_unigram", "kl_bigram")
 
 # The arrays a stochastic run keeps per seed (every array but the shared times and stage codes).
 SEED_ARRAYS = tuple(k for k in _ARRAYS if k not in ("ts", "stage"))
@@ -124,7 +134,9 @@ class Trajectory:
     the very steps an uninterrupted one takes), or ``None``; `per_seed`, for a
     stochastic run (R seeds), ``{name: (R, T, ...) array}`` for every name of
     :data:`SEED_ARRAYS` (the ordinary arrays then hold their seed means), else
-    ``None`` (:attr:`n_seeds`, :meth:`seed_se`, :meth:`seed_run`).
+    ``None`` (:attr:`n_seeds`, :meth:`seed_se`, :meth:`seed_run`); `kl`, once the run is
+    integrated, ``{"kl_uniform", "kl_unigram", "kl_bigram"}``, each ``(T,)``: the mean KL from each
+    strategy to the model at every saved time (:data:`KL_ARRAYS`; ``gflow.strategies``), else empty.
     """
 
     ts: np.ndarray
@@ -155,6 +167,8 @@ class Trajectory:
     x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     grad_x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     grad_se_x: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    # the strategies' KL to the model at every saved time, once integrated ({} before; KL_ARRAYS)
+    kl: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     # -- every array, the extra blocks' included ---------------------------------------------
     @property
@@ -221,7 +235,7 @@ class Trajectory:
         arrays, the same times, stages, configuration and status."""
         if self.per_seed is None:
             raise ValueError("seed_run: a deterministic run has no seed axis")
-        out = dataclasses.replace(self, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages],
+        out = dataclasses.replace(self, per_seed=None, stages=[dataclasses.replace(s) for s in self.stages], kl={},
                                   x=dict(self.x), grad_x=dict(self.grad_x), grad_se_x=dict(self.grad_se_x))  # fmt: skip
         for k, v in self.per_seed.items():
             out.set_array(k, np.asarray(v[r]))
@@ -299,7 +313,9 @@ class Trajectory:
         return cls(**arrays, stages=[], config=config, **ex)
 
     def append(self, **arrays) -> None:
-        """Append saved rows (every array of :attr:`array_names`, leading axis = rows)."""
+        """Append saved rows (every array of :attr:`array_names`, leading axis = rows); the
+        strategies' KL (:attr:`kl`), computed for the rows before, is dropped."""
+        self.kl = {}
         for k in self.array_names:
             old = self.array(k)
             self.set_array(k, np.concatenate([old, np.asarray(arrays[k], old.dtype)]))
@@ -335,7 +351,9 @@ def save(traj: Trajectory, out: str | Path) -> Path:
     traj.generation += 1
     text = json.dumps(_meta(traj), indent=2, default=_json_default)
     seeds = {f"seed_{k}": v for k, v in (traj.per_seed or {}).items()}
-    atomic_write_npz(out / "trajectory.npz", **{k: traj.array(k) for k in traj.array_names}, **seeds, meta=np.array(text))
+    kl = {k: traj.kl[k] for k in KL_ARRAYS if k in traj.kl}
+    atomic_write_npz(out / "trajectory.npz", **{k: traj.array(k) for k in traj.array_names}, **seeds, **kl,
+                     meta=np.array(text))  # fmt: skip
     atomic_write_text(out / "run.json", text)
     return out
 
@@ -383,6 +401,7 @@ def load(out: str | Path) -> Trajectory:
             arrays = {k: np.asarray(z[k]) for k in _ARRAYS}
             extra = {k: {n[len(k) + 1 :]: np.asarray(z[n]) for n in z.files if _extra_kind(n) == k} for k in _EXTRA_KINDS}
             per_seed = {n[5:]: np.asarray(z[n]) for n in z.files if n.startswith("seed_")}
+            kl = {n: np.asarray(z[n]) for n in KL_ARRAYS if n in z.files}
             text = str(z["meta"][()]) if "meta" in z.files else None
     except RunFolderError:
         raise
@@ -412,6 +431,9 @@ def load(out: str | Path) -> Trajectory:
     T = len(arrays["ts"])
     bad = [k for k in _ARRAYS if arrays[k].ndim == 0 or len(arrays[k]) != T]
     bad += [f"{k}_{b}" for k in _EXTRA_KINDS for b, v in extra[k].items() if v.ndim == 0 or len(v) != T]
+    bad += [k for k, v in kl.items() if v.shape != (T,)]
+    if kl and set(kl) != set(KL_ARRAYS):
+        bad.append(f"{', '.join(KL_ARRAYS)} (some missing)")
     if not (set(extra["x"]) == set(extra["grad_x"]) == set(extra["grad_se_x"])):
         bad.append("x_* / grad_x_* / grad_se_x_* (not the same blocks)")
     if bad or meta.get("n_saved", T) != T:
@@ -440,6 +462,7 @@ def load(out: str | Path) -> Trajectory:
         generation=int(meta.get("generation", 0)),
         controller=meta.get("controller"),
         files=meta.get("files") if isinstance(meta.get("files"), dict) else None,
+        kl=kl,
         **extra,
     )
 

@@ -233,3 +233,41 @@ def test_run_strategies_find_edelmans_phases_on_a_short_run(tmp_path):
     want = strategy_kl(loss, th, X)
     for k in ("uniform", "unigram", "bigram"):
         assert r[f"kl_{k}"][-1] == pytest.approx(want[k], rel=1e-12)
+
+
+def test_an_integrated_run_stores_the_strategies_kl_at_every_saved_time(tmp_path):
+    """A run stores ``kl_uniform``, ``kl_unigram``, ``kl_bigram`` once integrated: one value per
+    saved time, equal to the KL recomputed from the saved θ on the run's sample (a trajectory
+    without them), through the folder's save and load; ``gflow.strategies`` reads them (the same
+    numbers at any stride); appending rows drops them; a damaged file is refused by name."""
+    import dataclasses
+
+    import gflow
+    from gflow.trajectory import KL_ARRAYS, load, save
+
+    cfg = from_dict({"data": {"d": 3, "parents": [1], "alpha": 1.0, "L": 10},
+                     "model": {"member": "edelman", "H": 1, "D": 1, "M": 1},
+                     "schedule": {"kind": "joint", "t1": 3.0},
+                     "estimator": {"N": 60, "loss": "ce_on_probs", "eps": 0.0, "positions": "all"}})  # fmt: skip
+    traj = gflow.integrate(cfg, out=tmp_path / "run")
+    T = len(traj.ts)
+    assert T > 3 and sorted(traj.kl) == sorted(KL_ARRAYS) and all(v.shape == (T,) for v in traj.kl.values())
+    saved = load(tmp_path / "run")
+    bare = dataclasses.replace(saved, kl={})
+    again = gflow.strategies(bare)  # recomputed from θ
+    for k in KL_ARRAYS:
+        np.testing.assert_array_equal(saved.kl[k], traj.kl[k])
+        np.testing.assert_allclose(again[k], saved.kl[k], rtol=1e-12, atol=1e-15)
+    # the uniform strategy's KL at t = 0 is that of near-uniform logits: small, and below the others
+    assert saved.kl["kl_uniform"][0] < min(saved.kl["kl_unigram"][0], saved.kl["kl_bigram"][0])
+    strided = gflow.strategies(saved, every=2)
+    np.testing.assert_array_equal(strided["kl_bigram"], saved.kl["kl_bigram"][sorted(set(range(0, T, 2)) | {T - 1})])
+    # appended rows make the stored KL stale: dropped
+    row = {k: saved.array(k)[-1:] for k in saved.array_names}
+    saved.append(**row)
+    assert saved.kl == {}
+    # a file whose KL arrays do not match its saved times is refused, naming them
+    bad = dataclasses.replace(traj, kl={k: v[:-1] for k, v in traj.kl.items()})
+    save(bad, tmp_path / "bad")
+    with pytest.raises(ValueError, match="kl_uniform"):
+        load(tmp_path / "bad")

@@ -9,8 +9,10 @@ A kind declares
 - its **Bayes rung**: the counts its Dirichlet posterior predictive reads, and whether that
   predictive is the exact posterior predictive of the sample,
 - whether grid points may share one chain (the sample bank of ``gflow.runs``),
-- the **theory** it supports: the modified χ²-MI Ĩ, the Stage I rates J and the GIH are derived
-  for the n-gram mixture; for another kind the paper's rows say "no law for this data".
+- the **theory** it supports (``has_laws``): the paper derives the modified χ²-MI Ĩ and its
+  asymptotic statements for the n-gram mixture; for another kind the paper's rows say "no law for
+  this data", while J, the GIH law and the ladder, properties of the run's own sample, are computed
+  for every kind (finite-size laws; the theory's note says so).
 
 Members:
 
@@ -89,7 +91,8 @@ class AbstractDataKind(eqx.Module):
     name: ClassVar[str]
     # the DataConfig options (of KIND_OPTIONS) this kind reads; the others must stay default
     options: ClassVar[tuple[str, ...]]
-    # whether Ĩ, J and the GIH law are derived for this data
+    # whether the paper's laws (Ĩ, the ranking it implies, the asymptotic rows) are derived for this
+    # data; J, the GIH law and the ladder are computed on any kind's sample as finite-size laws
     has_laws: ClassVar[bool]
     # whether grid points differing in L or burn_in read one chain (the sample bank of gflow.runs)
     shares_chain: ClassVar[bool]

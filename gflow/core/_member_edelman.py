@@ -47,11 +47,14 @@ def logits(W, h, X, d: int):
 
 
 def logits_all(W, h, X, d: int):
-    """Layer 2 at every position t: ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s) = P_t Wᵀ x_t`` with the running
-    sum ``P_t = Σ_{s≤t} e(x_s) h_sᵀ`` (d × d), ``(L, d)`` (row t): O(L d²), no L × L array."""
+    """Layer 2 at every position t: ``Σ_{s≤t} (x_tᵀ W h_s) e(x_s)``, ``(L, d)`` (row t): with
+    ``r_s = W h_s``, entry a of row t is ``Σ_{s≤t, x_s=a} r_s[x_t]``, one running sum over s of
+    ``e(x_s) r_s[c]`` per query token c, read at the rows with ``x_t = c``: O(L d²), no L × L array.
+    (One ``(L, d)`` running sum per c costs 0.7–0.8× the ``(L, d, d)`` running sum of
+    ``e(x_s) h_sᵀ`` per gradient: scripts/benchmarks/bench_positions.py.)"""
     E = jax.nn.one_hot(X, d, dtype=h.dtype)
-    P = jnp.cumsum(E[:, :, None] * h[:, None, :], axis=0)  # (L, d, d)
-    return jnp.einsum("tab,tb->ta", P, E @ W)
+    r = h @ W.T  # (L, d): r[s, c] = e_cᵀ W h_s
+    return sum(E[:, c : c + 1] * jnp.cumsum(E * r[:, c : c + 1], axis=0) for c in range(d))
 
 
 @register

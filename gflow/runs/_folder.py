@@ -33,7 +33,7 @@ from ..dynamics import integrate as integrate_flow
 from ..dynamics import integrate_batch_with_errors as integrate_batch_flows
 from ..dynamics import integrate_stochastic
 from ..figures import FORMATS, draw_run
-from ..theory import Theory, config_key, theory_report
+from ..theory import Theory, config_key, strategy_arrays, theory_report
 from ..trajectory import FIGURE_NAMES, Trajectory, folder_error, load, save, selected_set
 from ._spectrum import run_spectrum, saved_spectrum
 
@@ -125,6 +125,7 @@ class RunFolder:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.loss: PopulationLoss | None = None  # the run's estimator, once drawn (integrate's on_loss)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -136,6 +137,9 @@ class RunFolder:
         return lock(self.path)
 
     def save(self, traj: Trajectory) -> None:
+        """Write `traj`; an integrated run (``traj.integrated``) with its strategies' KL
+        (:func:`with_strategies`, on the folder's `loss`, the run's estimator once drawn)."""
+        with_strategies(traj, self.loss)
         save(traj, self.path)
 
     def load(self) -> Trajectory:
@@ -163,6 +167,16 @@ class RunFolder:
 
 def _folder(out) -> RunFolder | None:
     return None if out is None else out if isinstance(out, RunFolder) else RunFolder(out)
+
+
+def with_strategies(traj: Trajectory, loss: PopulationLoss | None = None) -> Trajectory:
+    """`traj` with :attr:`~gflow.Trajectory.kl` (the mean KL from Edelman et al.'s three
+    strategies to the model at every saved time, ``gflow.theory.strategy_arrays``) once it is
+    integrated, computed on `loss` (the run's estimator; default: drawn again from its
+    configuration) unless already there; a run still integrating, or failed, is left as it is."""
+    if traj.integrated and len(traj.ts) and not traj.kl:
+        traj.kl = strategy_arrays(traj, loss)
+    return traj
 
 
 def integrate(
@@ -226,14 +240,25 @@ def integrate(
     process or cannot be written.
     """
     run = integrate_stochastic if config.solver.is_stochastic else integrate_flow
-    return run(config, out=_folder(out), resume=resume, overwrite=overwrite, loss=loss, params0=params0,
-               verbose=verbose, throw=throw, outputs=outputs, on_loss=on_loss)  # fmt: skip
+    folder, drawn = _folder(out), [loss]
+
+    def start(est):  # the run's estimator, for the strategies' KL at its end (RunFolder.save)
+        drawn[0] = est
+        if folder is not None:
+            folder.loss = est
+        if on_loss is not None:
+            on_loss(est)
+
+    traj = run(config, out=folder, resume=resume, overwrite=overwrite, loss=loss, params0=params0,
+               verbose=verbose, throw=throw, outputs=outputs, on_loss=start)  # fmt: skip
+    return with_strategies(traj, drawn[0])
 
 
 def integrate_batch_with_errors(configs, *, outs=None, resume=False, overwrite=False, verbose=False):
     """:func:`integrate_batch`, also returning each replicate's :class:`~gflow.FlowError` (or ``None``)."""
     folders = None if outs is None else [_folder(o) for o in outs]
-    return integrate_batch_flows(configs, outs=folders, resume=resume, overwrite=overwrite, verbose=verbose)
+    trajs, errors = integrate_batch_flows(configs, outs=folders, resume=resume, overwrite=overwrite, verbose=verbose)
+    return [with_strategies(t) for t in trajs], errors
 
 
 def integrate_batch(

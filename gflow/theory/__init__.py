@@ -51,6 +51,7 @@ from ._strategies import model_predictions as model_predictions
 from ._strategies import score_probs as score_probs
 from ._strategies import strategies_along as strategies_along
 from ._strategies import strategies_of as strategies_of
+from ._strategies import strategy_arrays as strategy_arrays
 from ._strategies import strategy_kl as strategy_kl
 from ._strategies import strategy_losses as strategy_losses
 from ._strategies import strategy_phases as strategy_phases

@@ -30,7 +30,7 @@ import numpy as np
 
 STRATEGIES = ("uniform", "unigram", "bigram")
 
-__all__ = ["STRATEGIES", "model_predictions", "position_weights", "score_probs", "strategies_along", "strategies_of",
+__all__ = ["STRATEGIES", "model_predictions", "position_weights", "score_probs", "strategies_along", "strategies_of", "strategy_arrays",
            "strategy_kl", "strategy_losses", "strategy_phases", "strategy_predictions"]  # fmt: skip
 
 
@@ -154,12 +154,32 @@ def strategies_along(loss, X, thetas, ts) -> dict:
 def strategies_of(traj, *, every: int = 1, loss=None) -> dict:
     """:func:`strategies_along` of a run (a :class:`gflow.Trajectory`: its configuration, saved
     times and θ) at every `every`-th saved time and the last, on the run's own sample (`loss`:
-    the run's estimator when already built)."""
+    the run's estimator when already built). A run that stores them (:attr:`gflow.Trajectory.kl`,
+    written once it is integrated) is read, not recomputed: the same numbers."""
+    n = len(traj.ts)
+    idx = sorted(set(range(0, n, every)) | {n - 1})
+    kl = getattr(traj, "kl", None) or {}
+    if all(np.shape(kl.get(f"kl_{k}")) == (n,) for k in STRATEGIES):
+        t = np.asarray(traj.ts, np.float64)[idx]
+        out = {"t": t, **{f"kl_{k}": np.asarray(kl[f"kl_{k}"])[idx] for k in STRATEGIES}}
+        out["phases"] = strategy_phases(t, {k: out[f"kl_{k}"] for k in STRATEGIES})
+        return out
+    return _computed(traj, idx, loss)
+
+
+def strategy_arrays(traj, loss=None) -> dict[str, np.ndarray]:
+    """The arrays a run stores once integrated (:attr:`gflow.Trajectory.kl`): ``{"kl_uniform",
+    "kl_unigram", "kl_bigram"}``, each ``(T,)``, the mean KL from each strategy to the model at
+    every saved time, computed from θ on the run's own sample (`loss`: its estimator, when built)."""
+    s = _computed(traj, list(range(len(traj.ts))), loss)
+    return {f"kl_{k}": s[f"kl_{k}"] for k in STRATEGIES}
+
+
+def _computed(traj, idx, loss) -> dict:
     from ..core import Params, loss_sample, make_loss
 
-    cfg, n = traj.config, len(traj.ts)
+    cfg = traj.config
     loss = make_loss(cfg.data, cfg.model, cfg.estimator) if loss is None else loss
-    idx = sorted(set(range(0, n, every)) | {n - 1})
     dt = loss.eps.dtype
     thetas = (Params.from_blocks({b: jnp.asarray(v, dt) for b, v in traj.state(i).items()}) for i in idx)
     return strategies_along(loss, loss_sample(cfg.data, cfg.estimator).X, thetas, np.asarray(traj.ts)[idx])

@@ -42,6 +42,7 @@ from ..core import (
     PopulationLoss,
     init_params,
     kernel_conditional,
+    kind_of,
     make_loss,
     member_of,
     subset_label,
@@ -113,10 +114,12 @@ def _notes(rank, laws, model_cfg, data_cfg, duration) -> tuple[str, ...]:
         notes.append("the linearised Stage I never reaches 1 − δ (a tie for the top J)")
     if model_cfg.norm != "sum":
         notes.append("norm='layer': L ≈ L₀ − a Σ (c_S/Σc) J(S) is not exact to first order")
-    if data_cfg.kind != "ngram":
-        notes.append(f"data.kind = {data_cfg.kind!r}: no law for this data (Ĩ, J's ranking and the GIH are the "
-                     "n-gram mixture's; Ĩ is ranked as for the n-gram chain of the same prior with parents 1..k, the "
-                     "law of the target given its k parents): the paper's rows are undecided")  # fmt: skip
+    if not kind_of(data_cfg).has_laws:
+        notes.append(f"data.kind = {data_cfg.kind!r}: no law for this data (the paper derives Ĩ for the n-gram "
+                     "mixture; here Ĩ is ranked as for the n-gram chain of the same prior with parents 1..k, the law "
+                     "of the target given its k parents): the paper's rows are undecided; J, the GIH law and the "
+                     "ladder are computed on this sample (the GIH scored at its last position), finite-size laws "
+                     "of the sample, not the paper's")  # fmt: skip
     if data_cfg.start != "stationary" and data_cfg.burn_in == 0:
         notes.append("start='uniform' without burn-in: Ĩ assumes the stationary law, the sample does not")
     return tuple(notes)
