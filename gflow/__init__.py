@@ -65,12 +65,14 @@ from .dynamics import FlowError as FlowError
 from .dynamics import SDEConfig as SDEConfig
 from .dynamics import SGDConfig as SGDConfig
 from .dynamics import SGDRun as SGDRun
+from .dynamics import Sharpness as Sharpness
 from .dynamics import Spectrum as Spectrum
 from .dynamics import catapult_map as catapult_map
 from .dynamics import central_predictions as central_predictions
 from .dynamics import dense_solution as dense_solution
 from .dynamics import find_catapults as find_catapults
 from .dynamics import hessian_spectrum as hessian_spectrum
+from .dynamics import sharpness as sharpness
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd

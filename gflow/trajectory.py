@@ -351,7 +351,8 @@ def save(traj: Trajectory, out: str | Path) -> Path:
     traj.generation += 1
     text = json.dumps(_meta(traj), indent=2, default=_json_default)
     seeds = {f"seed_{k}": v for k, v in (traj.per_seed or {}).items()}
-    kl = {k: traj.kl[k] for k in KL_ARRAYS if k in traj.kl}
+    T = len(traj.ts)  # the KL of other rows (arrays cut or extended by hand) is not written: it is recomputed
+    kl = {k: traj.kl[k] for k in KL_ARRAYS if k in traj.kl} if all(np.shape(v) == (T,) for v in traj.kl.values()) else {}
     atomic_write_npz(out / "trajectory.npz", **{k: traj.array(k) for k in traj.array_names}, **seeds, **kl,
                      meta=np.array(text))  # fmt: skip
     atomic_write_text(out / "run.json", text)

@@ -441,6 +441,29 @@ def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
     assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
 
 
+def test_a_set_holding_the_residual_stream_is_checked_by_its_heads_and_offsets():
+    """The residual member picks {0,2} at parents (1, 2) (its token component 0 reads offset 1,
+    head 2 offset 2): the report's Stage II rows are head 2's only (head 0 is no attention head:
+    it read s^(0)_0 = the last head's row before, and failed), the contrast λ is c_S/Σc·(s^(2)_2)²,
+    the Stage III rows use the GIH of the offsets {1,2} the set reads (the report raised on the
+    offsets (0, 2) before), and the gflow verdict passes with the member's own law within its 2 %."""
+    cfg = gflow.Config().replace(data={"L": 20, "parents": [1, 2]}, model={"member": "residual"},
+                                 estimator={"N": 300})  # fmt: skip
+    traj = gflow.integrate(cfg)
+    assert traj.stages[0].selected == (0, 2)
+    rep = check(traj, n_pi=N_PI)
+    stage2 = [r.name for r in rep.rows if r.name.startswith("II: s^(")]
+    assert stage2 == ["II: s^(2)_2 at end of Stage II"] and rep.row(stage2[0]).passed is True
+    i = int(np.flatnonzero(traj.stage == 3)[-1])
+    j = traj.subsets.index((0, 2))
+    lam = contrast(traj.s[i], traj.c_frac[i], (0, 2), traj.subsets, cfg.model)
+    assert lam == pytest.approx(traj.c_frac[i, j] * traj.s[i, 1, 1] ** 2, rel=1e-14)
+    slope = rep.row("III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), "
+                    "F = −∂L̂(θ_II, a)/∂a)")  # fmt: skip
+    assert slope.passed is True and abs(slope.measured / slope.predicted - 1) < 0.02
+    assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
+
+
 @pytest.mark.slow
 def test_another_parent_structure(tmp_path, small_config):
     """parents (2,) (the next token depends on x_{l-2} only), test size: the gflow

@@ -118,3 +118,18 @@ class TestGroup:
     p = tmp_path / "test_sample.py"
     p.write_text(src)
     assert unasserted_tests([p]) == ["test_sample.py::test_runs_only", "test_sample.py::TestGroup.test_in_class_runs_only"]
+
+
+def test_every_tiered_test_exists():
+    """Every node id of conftest's SLOW and CI_TIER names a test function of its file (a renamed
+    test would silently leave the tier and run nowhere, or in the default suite)."""
+    import conftest
+
+    names = {}
+    for nodeid in conftest.SLOW | conftest.CI_TIER:
+        path, func = nodeid.split("::")
+        if path not in names:
+            tree = ast.parse((TESTS.parent / path).read_text())
+            names[path] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert func.split("[")[0] in names[path], nodeid
+    assert not conftest.SLOW & conftest.CI_TIER

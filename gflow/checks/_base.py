@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._util import bracketed_root, mean_se, rows_of_stage
-from ..core import Params, PopulationLoss, subset_label
+from ..core import Params, PopulationLoss, member_of, subset_label
 from ..theory import Theory, make_gih
 from ..trajectory import Trajectory, selected_set
 from ._report import Row
@@ -40,7 +40,7 @@ def contrast(s, c_frac, S, sets, model=None) -> float:
     """
     S = tuple(S)
     lam = float(np.asarray(c_frac)[list(sets).index(S)])
-    for h in S:
+    for h in S if model is None else member_of(model).heads_of(S):  # a member's set: its attention heads
         lam *= float(np.asarray(s)[h - 1, own(model, h)]) ** 2
     return lam
 
@@ -127,6 +127,13 @@ def moved_away(measured: float, ref: float, by: float) -> float:
     return float(measured) + (by if float(measured) >= float(ref) else -by)
 
 
+def rate_symbol(model) -> str:
+    """The Stage I rate's symbol in the report: ``"J"`` for the paper's model, ``"G"`` for another
+    member of the family (the same derivative ``−∂L̂/∂a`` at ``a = 0``, ``c = e_S``, of the
+    member's own loss, which the paper does not derive)."""
+    return "J" if getattr(model, "member", "paper") == "paper" else "G"
+
+
 class Ctx:
     def __init__(self, traj: Trajectory, theory: Theory, loss: PopulationLoss, k_se: float):
         self.traj, self.th, self.loss, self.k_se = traj, theory, loss, float(k_se)
@@ -139,6 +146,9 @@ class Ctx:
         self.gd = self.cfg.solver.models_gd or self.cfg.solver.is_stochastic
         self.delta = self.cfg.schedule.delta
         self.S_star, self.argmax_J = theory.S_star, theory.argmax_J
+        # the Stage I rate's name: J for the paper's model, G for another member (the same
+        # −∂L̂/∂a at a = 0, c = e_S, of the member's own loss: L̂ ≈ L₀ − a·G(c) at small a)
+        self.rate = rate_symbol(self.cfg.model)
         self.selected = selected_set(traj)
         self.rows: list[Row] = []
         self.skipped: list[str] = []
@@ -146,9 +156,15 @@ class Ctx:
         self._gih: dict = {}
 
     def gih(self, S):
+        """The GIH of the model's set `S`: of the parent offsets the set reads (a member's set
+        names its heads or components, ``AbstractModel.set_offsets``: the residual member's
+        {0,2} reads offsets {1,2}), as :meth:`gflow.Theory.with_law` builds its law."""
         S = tuple(S)
         if S not in self._gih:
-            self._gih[S] = make_gih(self.loss.at_last_position(), S)  # a last-position law
+            offs = self.loss.member.set_offsets(S) if S in self.sets else S
+            if offs is None:
+                raise KeyError(f"no GIH for {subset_label(S)}: the set reads no parent offsets")
+            self._gih[S] = make_gih(self.loss.at_last_position(), tuple(offs))  # a last-position law
         return self._gih[S]
 
     def stage(self, name: str):

@@ -5,6 +5,7 @@ the theory's summaries, the two verdicts, and its JSON, Markdown and text forms.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,8 @@ SYMBOLS: dict[str, str] = {
     "Ĩ": "the modified χ²-mutual information of a parent set, averaged over the prior's kernels (the paper's Stage I criterion)",
     "S*": "argmax Ĩ: the paper's prediction of the set Stage I selects",
     "J": "J(S) = −∂L̂/∂a at a = 0 with c = e_S: gflow's finite-size Stage I rate of S on the run's own sample",
+    "G": "G(c) = −∂L̂/∂a at a = 0: the Stage I rate of the model's own loss on the run's sample (L̂ ≈ L₀ − a·G(c) "
+         "at small a); G(S) at c = e_S, what the paper's model (norm = sum) calls J(S)",
     "δ": "the stage events' threshold: Stage I ends when a set's c/Σc ≥ 1 − δ, Stage II when its heads' s^(h)_h ≥ 1 − δ",
     "s^(h)": "head h's copier attention softmax(w^(h)); s^(h)_h its weight on its own offset h",
     "β": "the Stage II exponent: 1 − s^(h)_h ~ τ^(−β)",
@@ -120,6 +123,9 @@ def used_symbols(text: str) -> list[str]:
     for sym in SYMBOLS:
         if sym == "SE":
             if "SE" in text.replace("paired SE", ""):
+                out.append(sym)
+        elif sym == "G":  # the letter alone (not GIH, GD)
+            if re.search(r"(?<![\w])G(?![\w])", text):
                 out.append(sym)
         elif sym in text:
             out.append(sym)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dynamics import EDGE_RATE, EDGE_WINDOW, central_predictions, find_catapults, hessian_spectrum
+from ..dynamics import EDGE_RATE, EDGE_WINDOW, central_predictions, find_catapults, sharpness
 from ._base import Ctx
 from ._report import decided_row
 
@@ -70,8 +70,9 @@ def rows_edge(ctx: Ctx) -> None:
 
 
 def rows_gd_edge(ctx: Ctx) -> None:
-    """The rows of a GD run (none for any other method), from the Hessian spectrum at up to
-    :data:`GD_ROWS` saved states (evenly spaced):
+    """The rows of a GD run (none for any other method), from the sharpness λ_max(ΛH) at up to
+    :data:`GD_ROWS` saved states (evenly spaced; :func:`gflow.dynamics.sharpness`: the κ table's
+    Hessian where the layout has it, else warm-started Lanczos):
 
     - ``GD: η λ_max/2 along the run (max)``: GD is linearly stable where it is below 1; at its
       maximum, the time;
@@ -95,7 +96,7 @@ def rows_gd_edge(ctx: Ctx) -> None:
         ctx.skip("GD edge rows", "fewer than two saved times")
         return
     eta = float(sc.eta)
-    sp = hessian_spectrum(None, tr, loss=ctx.loss, max_times=GD_ROWS)
+    sp = sharpness(None, tr, loss=ctx.loss, max_times=GD_ROWS)  # λ_max alone (Lanczos without the κ table)
     s = eta * np.asarray(sp.lam_max)
     k = int(np.argmax(s))
     ctx.info("GD: η λ_max/2 along the run (max)", 1.0, float(s[k] / 2),

@@ -97,7 +97,8 @@ def rows_winner(ctx: Ctx, claimed_S_star) -> None:
         _winner_row(ctx, "I: winner argmax c/Σc = S* (argmax Ĩ)", S, [ctx.sets.index(S)], "paper", "paper",
                     "exact (claimed S*, not the theory's)")  # fmt: skip
     iJ = ctx.sets.index(ctx.argmax_J)
-    adm, how = [iJ], "exact (argmax J on the run's own sample)"
+    R = ctx.rate
+    adm, how = [iJ], f"exact (argmax {R} on the run's own sample)"
     C0 = np.asarray(ctx.traj.C[0], np.float64)
     if ctx.nS > 1 and np.all(C0 != 0):
         # the linearised rates are accurate to a relative ε (measured at both ends of
@@ -107,8 +108,8 @@ def rows_winner(ctx: Ctx, claimed_S_star) -> None:
         eps, n0 = _rate_error(ctx, [int(st[1][0]), st[2]], iJ, k)
         spread = float(rt.J[iJ] - np.min(rt.J))
         adm = [j for j in range(ctx.nS) if rt.J[iJ] - rt.J[j] <= 2.0 * eps * spread]
-        how = f"exact: argmax J on the run's sample (no other set within 2ε = {2 * eps:.2g} of the J spread{_left_out(n0)})"
-    _winner_row(ctx, "I: winner argmax c/Σc = argmax J", ctx.argmax_J, adm, "finite", "stage1", how)
+        how = f"exact: argmax {R} on the run's sample (no other set within 2ε = {2 * eps:.2g} of the {R} spread{_left_out(n0)})"
+    _winner_row(ctx, f"I: winner argmax c/Σc = argmax {R}", ctx.argmax_J, adm, "finite", "stage1", how)
 
 
 def row_concentration(ctx: Ctx) -> None:
@@ -177,7 +178,7 @@ def rows_slopes(ctx: Ctx) -> None:
     pred, tol = k * (J[iA] - J[iR]), ctx.k_se * k * Jd[iA, iR]
     ctx.add(
         decided_row(
-            f"I: slope of {lab} (J, {how})", pred, float(slopes[iR]), tol,
+            f"I: slope of {lab} ({ctx.rate}, {how})", pred, float(slopes[iR]), tol,
             claim="finite", rule=("abs", pred, tol), wrong=1.5 * float(slopes[iR]), why_not=why,
         )
     )
@@ -189,7 +190,7 @@ def rows_slopes(ctx: Ctx) -> None:
     if keep.any():
         ctx.add(
             decided_row(
-                f"I: slopes of log(c_{set_label(ctx.argmax_J)}/c_S), every S ≠ argmax J ({how})",
+                f"I: slopes of log(c_{set_label(ctx.argmax_J)}/c_S), every S ≠ argmax {ctx.rate} ({how})",
                 [float(x) for x in preds[keep]], [float(x) for x in meas[keep]],
                 f"{ctx.k_se:g} paired SE each (max {tols[keep].max():.3g}); {int((~keep).sum())} of "
                 f"{len(others)} pairs left out (their tolerance would not reject a slope × 1.5)",

@@ -39,9 +39,13 @@ def _stage2(ctx: Ctx):
     if rec is None or idx.size == 0:
         ctx.skip("Stage II rows", "the run has no saved Stage II")
         return None
-    heads = tuple(rec.selected or ())
-    if not heads:
+    if not rec.selected:
         ctx.skip("Stage II rows", "Stage I selected the empty set: no head to concentrate")
+        return None
+    # a member's set names its heads and other components (the residual stream: 0): its heads
+    heads = tuple(member_of(ctx.cfg.model).heads_of(tuple(rec.selected)))
+    if not heads:
+        ctx.skip("Stage II rows", f"the selected set {set_label(tuple(rec.selected))} has no attention head")
         return None
     return rec, idx, heads
 

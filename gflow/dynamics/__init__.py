@@ -30,9 +30,12 @@ from ._sgd import sgd_settings as sgd_settings
 from ._solve import LogC as LogC
 from ._solve import VectorField as VectorField
 from ._solve import block_scales as block_scales
+from ._spectrum import LANCZOS_STEPS as LANCZOS_STEPS
+from ._spectrum import Sharpness as Sharpness
 from ._spectrum import Spectrum as Spectrum
 from ._spectrum import coordinate_labels as coordinate_labels
 from ._spectrum import hessian_spectrum as hessian_spectrum
+from ._spectrum import sharpness as sharpness
 from ._spectrum import loss_hessian as loss_hessian
 from ._spectrum import step_scales as step_scales
 from ._stochastic import check_stochastic as check_stochastic

@@ -233,8 +233,36 @@ def _check_scales(s: np.ndarray, P: int) -> None:
 # ---------------------------------------------------------------------------
 
 
+class _Edge:
+    """GD's stability edge from `lam_max`, the largest eigenvalue of ΛH (a :class:`Spectrum`'s or a :class:`Sharpness`'s)."""
+
+    @property
+    def eta_c(self) -> np.ndarray:
+        """GD's stability edge ``2/λ_max`` ``(*R, T)`` (``inf`` where ``λ_max <= 0``)."""
+        lm = self.lam_max
+        with np.errstate(divide="ignore"):
+            return np.where(lm > 0, 2.0 / np.where(lm > 0, lm, 1.0), np.inf)
+
+    @property
+    def eta_c_min(self) -> float:
+        """GD's stability edge over the whole run: the smallest ``η_c(t) = 2/λ_max(t)`` over the
+        computed times (and seeds). GD at a fixed η is linearly stable along the run only below
+        it: η_c can fall by orders of magnitude as the flow sharpens (125× along a joint flow at
+        L = 20, N = 200 by t = 21), so ``η_c(0)`` alone says nothing about later times."""
+        ec = np.asarray(self.eta_c, np.float64)
+        return float(np.min(ec)) if ec.size else math.inf
+
+    @property
+    def where_eta_c_min(self) -> tuple[float, str]:
+        """``(t, stage)`` of the saved time where :attr:`eta_c_min` is reached (for seeds: of the
+        seed mean's smallest)."""
+        ec = np.asarray(self.eta_c, np.float64).reshape(-1, len(self.ts)).min(0)
+        k = int(np.argmin(ec))
+        return float(self.ts[k]), str(self.stage[k])
+
+
 @dataclasses.dataclass
-class Spectrum:
+class Spectrum(_Edge):
     """Eigenvalues of ``ΛH`` (as ``Λ^{1/2} H Λ^{1/2}``) at saved states of a run.
 
     - `ts` ``(T,)``: the saved times; `index` ``(T,)``: their rows in the trajectory;
@@ -274,30 +302,6 @@ class Spectrum:
     def lam_min(self) -> np.ndarray:
         """The smallest eigenvalue ``(*R, T)`` (a frozen block's zeros included)."""
         return self.eigvals[..., -1]
-
-    @property
-    def eta_c(self) -> np.ndarray:
-        """GD's stability edge ``2/λ_max`` ``(*R, T)`` (``inf`` where ``λ_max <= 0``)."""
-        lm = self.lam_max
-        with np.errstate(divide="ignore"):
-            return np.where(lm > 0, 2.0 / np.where(lm > 0, lm, 1.0), np.inf)
-
-    @property
-    def eta_c_min(self) -> float:
-        """GD's stability edge over the whole run: the smallest ``η_c(t) = 2/λ_max(t)`` over the
-        computed times (and seeds). GD at a fixed η is linearly stable along the run only below
-        it: η_c can fall by orders of magnitude as the flow sharpens (125× along a joint flow at
-        L = 20, N = 200 by t = 21), so ``η_c(0)`` alone says nothing about later times."""
-        ec = np.asarray(self.eta_c, np.float64)
-        return float(np.min(ec)) if ec.size else math.inf
-
-    @property
-    def where_eta_c_min(self) -> tuple[float, str]:
-        """``(t, stage)`` of the saved time where :attr:`eta_c_min` is reached (for seeds: of the
-        seed mean's smallest)."""
-        ec = np.asarray(self.eta_c, np.float64).reshape(-1, len(self.ts)).min(0)
-        k = int(np.argmin(ec))
-        return float(self.ts[k]), str(self.stage[k])
 
     @property
     def block_names(self) -> tuple[str, ...]:
@@ -352,6 +356,63 @@ def _run_eta(cfg: Config) -> float | None:
     return float(cfg.solver.eta) if m in ("gd", "modified", "central", "sgd") else None
 
 
+@dataclasses.dataclass
+class _States:
+    """The saved states of a trajectory a spectrum reads (:func:`_saved_states`)."""
+
+    cfg: Config
+    H: int
+    M: int
+    nS: int
+    shapes: tuple
+    extra: tuple
+    P: int
+    lead: tuple  # (*R, T)
+    rows: np.ndarray
+    stage: np.ndarray
+    scales: np.ndarray  # (T', P)
+    flat: np.ndarray  # (T', nR, P)
+
+
+def _saved_states(cfg: Config | None, traj, indices, max_times) -> _States:
+    """Flat θ at the chosen rows of `traj` (every leading seed axis kept), their stages and Λ;
+    ``ValueError`` for states whose shapes are not the model's and rows outside the trajectory."""
+    cfg = traj.config if cfg is None else cfg
+    m = cfg.model
+    H, M, nS = m.H, m.M, len(m.subsets)
+    shapes = _shapes(cfg)
+    extra = shapes[3:]
+    P = H * M + nS + 1 + sum(int(np.prod(sh)) for _, sh in extra)
+    w, C, a = (np.asarray(getattr(traj, b)) for b in _BLOCKS)
+    xs = getattr(traj, "x", {}) or {}
+    lead = a.shape  # (*R, T)
+    if w.shape != lead + (H, M) or C.shape != lead + (nS,) or len(lead) < 1:
+        raise ValueError(f"traj's states do not fit the model (H = {H}, M = {M}, |𝒮| = {nS}): "
+                         f"w {w.shape}, C {C.shape}, a {a.shape}")  # fmt: skip
+    for b, sh in extra:
+        if b not in xs or np.shape(xs[b]) != lead + sh:
+            raise ValueError(f"traj's states do not fit model.member = {m.member!r}: its block {b!r} of shape "
+                             f"{sh} per state is {'missing' if b not in xs else np.shape(xs[b])}")  # fmt: skip
+    T = lead[-1]
+    if indices is None:
+        rows = select_rows(T, max_times)
+    else:
+        rows = np.asarray(indices, int).ravel()
+        if rows.size == 0 or np.any((rows < -T) | (rows >= T)):
+            raise ValueError(f"indices must be rows of the trajectory (0..{T - 1}), got {indices!r}")
+        rows = np.where(rows < 0, rows + T, rows)
+        rows = rows[select_rows(len(rows), max_times)]
+    codes = np.asarray(getattr(traj, "stage", np.zeros(T, int)))
+    joint = cfg.schedule.kind == "joint" or codes.shape != (T,)
+    stage = np.array(["joint" if joint else _STAGE_OF_CODE.get(int(codes[i]), "joint") for i in rows])
+    scales = np.stack([step_scales(cfg, s) for s in stage]) if len(rows) else np.zeros((0, P))
+    parts = [w.reshape(lead + (H * M,)), C, a[..., None]] + [np.asarray(xs[b]).reshape(lead + (-1,)) for b, _ in extra]
+    flat = np.concatenate(parts, axis=-1)  # (*R, T, P)
+    flat = np.moveaxis(flat, len(lead) - 1, 0)[rows]  # (T', *R, P)
+    nR = int(np.prod(lead[:-1], dtype=int))
+    return _States(cfg, H, M, nS, shapes, extra, P, lead, rows, stage, scales, flat.reshape(len(rows), nR, P))
+
+
 def hessian_spectrum(
     cfg: Config | None,
     traj,
@@ -391,50 +452,19 @@ def hessian_spectrum(
     **Raises:** ``ValueError`` for rows outside the trajectory, a bad `vectors`,
     `max_times` or `batch`, or states whose shapes are not the model's.
     """
-    cfg = traj.config if cfg is None else cfg
-    m = cfg.model
-    H, M, nS = m.H, m.M, len(m.subsets)
-    shapes = _shapes(cfg)
-    extra = shapes[3:]
-    P = H * M + nS + 1 + sum(int(np.prod(sh)) for _, sh in extra)
-    w, C, a = (np.asarray(getattr(traj, b)) for b in _BLOCKS)
-    xs = getattr(traj, "x", {}) or {}
-    lead = a.shape  # (*R, T)
-    if w.shape != lead + (H, M) or C.shape != lead + (nS,) or len(lead) < 1:
-        raise ValueError(f"traj's states do not fit the model (H = {H}, M = {M}, |𝒮| = {nS}): "
-                         f"w {w.shape}, C {C.shape}, a {a.shape}")  # fmt: skip
-    for b, sh in extra:
-        if b not in xs or np.shape(xs[b]) != lead + sh:
-            raise ValueError(f"traj's states do not fit model.member = {m.member!r}: its block {b!r} of shape "
-                             f"{sh} per state is {'missing' if b not in xs else np.shape(xs[b])}")  # fmt: skip
-    T = lead[-1]
+    st = _saved_states(cfg, traj, indices, max_times)
+    cfg, H, M, nS, shapes, extra, P, lead, rows, stage, scales = (
+        st.cfg, st.H, st.M, st.nS, st.shapes, st.extra, st.P, st.lead, st.rows, st.stage, st.scales)  # fmt: skip
     if not isinstance(vectors, (int, np.integer)) or isinstance(vectors, bool) or not 0 <= vectors <= P:
         raise ValueError(f"vectors must be an integer in [0, {P}] (dim θ), got {vectors!r}")
     if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
-    if indices is None:
-        rows = select_rows(T, max_times)
-    else:
-        rows = np.asarray(indices, int).ravel()
-        if rows.size == 0 or np.any((rows < -T) | (rows >= T)):
-            raise ValueError(f"indices must be rows of the trajectory (0..{T - 1}), got {indices!r}")
-        rows = np.where(rows < 0, rows + T, rows)
-        rows = rows[select_rows(len(rows), max_times)]
-    codes = np.asarray(getattr(traj, "stage", np.zeros(T, int)))
-    joint = cfg.schedule.kind == "joint" or codes.shape != (T,)
-    stage = np.array(["joint" if joint else _STAGE_OF_CODE.get(int(codes[i]), "joint") for i in rows])
-    scales = np.stack([step_scales(cfg, s) for s in stage]) if len(rows) else np.zeros((0, P))
-
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     dtype = cfg.estimator.jdtype
-    parts = [w.reshape(lead + (H * M,)), C, a[..., None]] + [np.asarray(xs[b]).reshape(lead + (-1,)) for b, _ in extra]
-    flat = np.concatenate(parts, axis=-1)  # (*R, T, P)
-    flat = np.moveaxis(flat, len(lead) - 1, 0)[rows]  # (T', *R, P)
-    nR = int(np.prod(lead[:-1], dtype=int))
+    flat, nR = st.flat, st.flat.shape[1]
     eig = np.zeros((len(rows), nR, P))
     vec = np.zeros((len(rows), nR, vectors, P)) if vectors else None
-    flat = flat.reshape(len(rows), nR, P)
     # one HVP's memory, measured once for every Λ below (the loss and θ's shape are theirs)
     per_hvp = None
     if len(rows) and not has_table(loss):
@@ -465,6 +495,127 @@ def hessian_spectrum(
     if vec is not None:
         vec = np.moveaxis(vec.reshape((len(rows),) + lead[:-1] + (vectors, P)), 0, len(lead) - 1)
     ts = np.asarray(traj.ts)
-    ts = ts[..., rows] if ts.shape[-1:] == (T,) else ts
+    ts = ts[..., rows] if ts.shape[-1:] == (lead[-1],) else ts
     return Spectrum(ts=ts, index=rows, stage=stage, eigvals=eig, scales=scales, labels=coordinate_labels(cfg),
                     blocks=coordinate_blocks(H, M, nS, extra), vectors=vec, eta=_run_eta(cfg))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# The sharpness alone: λ_max by Lanczos, warm-started along the run
+# ---------------------------------------------------------------------------
+
+#: Lanczos steps per state for λ_max of a loss without the κ table's Hessian (:func:`sharpness`): the
+#: largest eigenvalue of Λ^{1/2}HΛ^{1/2} from this many Hessian-vector products instead of one per
+#: moving coordinate, started from the previous state's top eigenvector (tests/test_spectrum.py: the
+#: dense spectrum's λ_max to 1e-10 relative on a short GD run of absolute positions; on the shipped
+#: official Full run at L = 30, N = 500, t ≤ 0.2, 108 coordinates: 1.8e-15 with 12 steps, 7.8e-9 with 8).
+LANCZOS_STEPS = 16
+
+
+@dataclasses.dataclass
+class Sharpness(_Edge):
+    """``λ_max(ΛH)`` at saved states of a run (:func:`sharpness`): `ts`, `index` (their rows),
+    `stage`, `lam_max` ``(T,)``, `eta` (the run's GD step, or ``None``), `hvps` (Hessian-vector
+    products per state: 0 where the κ table's Hessian was computed whole); with
+    :attr:`eta_c`, :attr:`eta_c_min`, :attr:`where_eta_c_min` as :class:`Spectrum`'s."""
+
+    ts: np.ndarray
+    index: np.ndarray
+    stage: np.ndarray
+    lam_max: np.ndarray
+    eta: float | None = None
+    hvps: int = 0
+
+
+@eqx.filter_jit
+def _lanczos_top(loss_fn, theta, root_scale_m, v0, fresh, cols: tuple[int, ...], H: int, M: int, shapes, steps: int):
+    """λ_max of ``Λ_m^{1/2} H_mm Λ_m^{1/2}`` at the flat θ and its unit Ritz vector: `steps` Lanczos
+    steps with full reorthogonalisation (twice) from the unit `v0`; at a breakdown (an invariant
+    subspace found) the next direction is row j of `fresh` ``(steps, n)`` made orthogonal to the
+    basis, so the tridiagonal matrix stays ``VᵀAV``."""
+    c = jnp.asarray(cols)
+    like = None if shapes is None else _like(shapes)
+    grad = jax.grad(lambda x: loss_fn(unflatten(x, H, M, like=like)))
+    P = theta.shape[0]
+
+    def A(v):
+        e = jnp.zeros(P, theta.dtype).at[c].set(root_scale_m * v)
+        return root_scale_m * jax.jvp(grad, (theta,), (e,))[1][c]
+
+    def orth(V, w):
+        w = w - V.T @ (V @ w)
+        return w - V.T @ (V @ w)
+
+    def body(j, carry):
+        V, alpha, beta = carry
+        w = A(V[j])
+        a = w @ V[j]
+        w = orth(V, w)
+        b = jnp.linalg.norm(w)
+        ok = b > 1e-12 * (jnp.abs(a) + 1.0)
+        r = orth(V, fresh[j])
+        nxt = jnp.where(ok, w / jnp.where(ok, b, 1.0), r / jnp.maximum(jnp.linalg.norm(r), 1e-300))
+        return V.at[j + 1].set(nxt), alpha.at[j].set(a), beta.at[j].set(jnp.where(ok, b, 0.0))
+
+    n = len(cols)
+    V0 = jnp.zeros((steps + 1, n), theta.dtype).at[0].set(v0)
+    V, alpha, beta = jax.lax.fori_loop(0, steps, body, (V0, jnp.zeros(steps, theta.dtype), jnp.zeros(steps, theta.dtype)))
+    T = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
+    lam, Y = jnp.linalg.eigh(T)
+    u = Y[:, -1] @ V[:steps]
+    return lam[-1], u / jnp.linalg.norm(u)
+
+
+def sharpness(
+    cfg: Config | None,
+    traj,
+    *,
+    loss: PopulationLoss | Callable | None = None,
+    indices=None,
+    max_times: int | None = None,
+    steps: int = LANCZOS_STEPS,
+) -> Sharpness:
+    """``λ_max(ΛH)`` at the saved states of a trajectory (the arguments as :func:`hessian_spectrum`'s;
+    a deterministic run, no seed axis), and GD's edge ``2/λ_max``: what GD's report reads, at a
+    fraction of the whole spectrum's cost for a loss without the κ table's Hessian (the Full model,
+    the positions layout): ``min(steps, n)`` Lanczos steps per state (n moving coordinates, each
+    step one Hessian-vector product), each state started from the previous one's top eigenvector
+    (mixed with a fixed random direction: λ_max moves little between saved states). A loss with
+    the κ table's Hessian has it whole at a few gradients' cost: its λ_max is
+    :func:`hessian_spectrum`'s. Deterministic: the same run gives the same numbers.
+
+    **Raises:** what :func:`hessian_spectrum` raises for the states and rows, and ``ValueError``
+    for a trajectory with a seed axis or `steps` not an integer >= 2."""
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 2:
+        raise ValueError(f"steps must be an integer >= 2, got {steps!r}")
+    st = _saved_states(cfg, traj, indices, max_times)
+    if st.flat.shape[1] != 1:
+        raise ValueError(f"sharpness reads a deterministic run; this one has {st.flat.shape[1]} seeds "
+                         "(hessian_spectrum takes a seed axis)")  # fmt: skip
+    cfg = st.cfg
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator) if loss is None else loss
+    ts = np.asarray(traj.ts)[st.rows]
+    if has_table(loss):
+        sp = hessian_spectrum(cfg, traj, loss=loss, indices=st.rows)
+        return Sharpness(ts=ts, index=st.rows, stage=st.stage, lam_max=np.asarray(sp.lam_max), eta=_run_eta(cfg))
+    dtype = cfg.estimator.jdtype
+    shapes = st.shapes if st.extra else None
+    lam = np.zeros(len(st.rows))
+    rng = np.random.default_rng(0)  # fixed: the same run gives the same numbers
+    prev, prev_cols, used = None, None, 0
+    for i in range(len(st.rows)):
+        s = st.scales[i]
+        cols = tuple(int(j) for j in np.flatnonzero(s > 0))
+        if not cols:
+            continue
+        n = len(cols)
+        k = min(int(steps), n)
+        used = max(used, k)
+        mix = rng.standard_normal(n)
+        v0 = mix if prev is None or cols != prev_cols else prev + 0.1 * np.linalg.norm(prev) * mix / np.linalg.norm(mix)
+        fresh = rng.standard_normal((k, n))
+        rs = jnp.asarray(np.sqrt(s[list(cols)]), dtype)
+        lm, u = _lanczos_top(loss, jnp.asarray(st.flat[i, 0], dtype), rs, jnp.asarray(v0 / np.linalg.norm(v0), dtype),
+                             jnp.asarray(fresh, dtype), cols, st.H, st.M, shapes, k)  # fmt: skip
+        lam[i], prev, prev_cols = float(lm), np.asarray(u, np.float64), cols
+    return Sharpness(ts=ts, index=st.rows, stage=st.stage, lam_max=lam, eta=_run_eta(cfg), hvps=used)

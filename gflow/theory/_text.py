@@ -26,12 +26,14 @@ def format_theory(theory) -> str:
     dc, mc, ec, ic = c["data"], c["model"], c["estimator"], c["init"]
     mi, s1, s3 = report["mi"], report["stage1"], report["stage3"]
     labels = report["labels"]
+    member = mc.get("member", "paper")
+    R = "J" if member == "paper" else "G"  # a member's own Stage I rate is named G (the paper derives J)
     out = []
     fixed = dc.get("fixed_kernel") or dc.get("kernel") is not None
     prior = "fixed kernel" if fixed else f"{PRIORS[dc.get('prior', 'dirichlet')].label}(alpha={dc['alpha']:g})"
     out.append(
         f"gflow theory — d={dc['d']}, parents {tuple(dc['parents'])}, {prior}, L={dc['L']}; "
-        f"TF(M={mc['M']}, H={mc['H']}, D={mc['D']}, norm={mc['norm']}); "
+        f"TF(M={mc['M']}, H={mc['H']}, D={mc['D']}, norm={mc['norm']}{'' if member == 'paper' else ', member=' + member}); "
         f"N={ec['N']}, seed={ec['seed']}, eps={ec['eps']:g}, loss={ec['loss']}"
     )
     out.append("")
@@ -66,7 +68,7 @@ def format_theory(theory) -> str:
         out.append(
             f"  the other rankings (§M10): argmax χ²-MI = {subset_label(tuple(mi['argmax_chi2']))}{_ties('tied_chi2')}, "
             f"argmax MI = {'—' if ami is None else subset_label(tuple(ami))}{_ties('tied_mutual_information')}, "
-            f"argmax J = {subset_label(tuple(s1['argmax_J']))}"
+            f"argmax {R} = {subset_label(tuple(s1['argmax_J']))}"
         )
         if any(len(mi.get(k) or []) > 1 for k in ("tied_chi2", "tied_mutual_information")):
             out.append("  (the ordinary χ²-MI and MI tie a set holding every parent with its supersets: "
@@ -74,9 +76,10 @@ def format_theory(theory) -> str:
     out.append("")
     out.append(
         f"§M6.2 Stage I rates at init (w₊={ic['w_plus']:g}, w₋={ic['w_minus']:g}, c₀={ic['c0']:g}, "
-        f"a₀={ic['a0']:g}): J(S) = −∂L̂/∂a|a=0,c=e_S on the run's sample; L₀ = {_fmt(s1['L0'], '.6g')}"
+        f"a₀={ic['a0']:g}): {R}(S) = −∂L̂/∂a|a=0,c=e_S on the run's sample"
+        f"{'' if R == 'J' else ' (the member' + chr(39) + 's own loss)'}; L₀ = {_fmt(s1['L0'], '.6g')}"
     )
-    out.append(f"  {'S':<7} {'J(S)':>22} {'Ĩ(S)':>12} {'dlog c/dt (J)':>14} {'(Ĩ)':>10}")
+    out.append(f"  {'S':<7} {R + '(S)':>22} {'Ĩ(S)':>12} {'dlog c/dt (' + R + ')':>14} {'(Ĩ)':>10}")
     for i, lab in enumerate(labels):
         out.append(
             f"  {lab:<7} {_pm(s1['J'][i], s1['J_se'][i]):>22} {_fmt(mi['Itilde'][i]):>12} "
@@ -84,9 +87,9 @@ def format_theory(theory) -> str:
         )
     ru = "{" + ",".join(map(str, s1["runner_up"])) + "}" if s1["runner_up"] else "∅"
     out.append(
-        f"  argmax J = {'{' + ','.join(map(str, s1['argmax_J'])) + '}' if s1['argmax_J'] else '∅'}; "
+        f"  argmax {R} = {'{' + ','.join(map(str, s1['argmax_J'])) + '}' if s1['argmax_J'] else '∅'}; "
         f"d/dt log(c_{mi['S_star_label']}/c_{ru}) = "
-        f"{_pm(s1['slope_Sstar_vs_runner_up_J'], s1['slope_Sstar_vs_runner_up_J_se'])} (J), "
+        f"{_pm(s1['slope_Sstar_vs_runner_up_J'], s1['slope_Sstar_vs_runner_up_J_se'])} ({R}), "
         f"{_fmt(s1['slope_Sstar_vs_runner_up_Itilde'])} (Ĩ)"
     )
     du = s1.get("duration")

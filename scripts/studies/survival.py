@@ -252,6 +252,7 @@ def summarise(cfg: gflow.Config, tr, parents) -> dict:
         temp = {"omega_end": float(omega[-1]), "omega0": float(omega[0]),
                 "slope": (growth_slope(tr, omega, cfg.init.a0) or (None,))[0]}  # fmt: skip
     lad = gflow.loss_ladder(loss, cfg.data, S=tuple(parents), params=_theta(tr, i3))
+    verdict = verdict_of(gflow.check(tr, loss=loss))
     rungs = {k: (lad.mean(k), lad.se(k)) for k in ("bayes", "gih", "unigram", "flow")}
     gaps = {f"flow-{k}": lad.gap("flow", k) for k in ("bayes", "gih", "unigram")}
     stages = [{"name": r.name, "ended_by": r.ended_by, "t0": r.t0, "t1": r.t1, "nfev": r.nfev, "wall": r.wall}
@@ -264,7 +265,30 @@ def summarise(cfg: gflow.Config, tr, parents) -> dict:
         "slope_window": None if slope is None else slope[1:], "temperature": temp,
         "rungs": rungs, "gaps": gaps, "loss_end": float(tr.loss[-1]), "stages": stages,
         "extra_end": {b: float(np.linalg.norm(v[-1] - v[0])) for b, v in tr.x.items()},
+        "verdict": verdict,
     }  # fmt: skip
+
+
+#: the study's three conclusions and the report rows that check each on any run (``gflow check``;
+#: docs/guides/checks.md): the set Stage I picks (argmax J for the paper's model, the set the
+#: small-a flow of the member's own G selects for another), the growth of a in the member's own
+#: Stage III window, and the limit loss of that law. A row name is matched by its prefix.
+CONCLUSIONS = {
+    "set": ("I: winner argmax c/Σc = argmax J at", "I: winner argmax c/Σc = the set the small-a flow of a·G selects"),
+    "slope": ("III: slope of a vs log τ in the member's own window",),
+    "limit": ("limit loss: L̂ at end vs L̂(θ_II, a°)",),
+}
+
+
+def verdict_of(report) -> dict:
+    """The run's gflow verdict (its finite and exact rows) and paper verdict, and for each of
+    :data:`CONCLUSIONS` the row that checks it (name, predicted, measured, passed: ``None`` when
+    undecided), or ``None`` when the report has no such row."""
+    js = report.to_json()["rows"]
+    pick = lambda prefixes: next((r for r in js if r["name"].startswith(prefixes)), None)  # noqa: E731
+    keys = ("name", "predicted", "measured", "passed")
+    rows = {k: (lambda r: None if r is None else {x: r[x] for x in keys})(pick(p)) for k, p in CONCLUSIONS.items()}
+    return {**report.verdict, "rows": rows}
 
 
 def in_table_order(results: list[dict]) -> list[dict]:
@@ -273,16 +297,27 @@ def in_table_order(results: list[dict]) -> list[dict]:
     return sorted(results, key=lambda r: (tuple(r["parents"]), order.get(r["variant"], 99)))
 
 
+def verdict_cell(r: dict) -> str:
+    """``pass (✓ ✓ ✓)``: the run's gflow verdict, then each conclusion's row (:data:`CONCLUSIONS`):
+    ✓ passed, ✗ failed, – undecided, · no such row."""
+    v = r["verdict"]
+    mark = lambda x: "·" if x is None else "–" if x["passed"] is None else "✓" if x["passed"] else "✗"  # noqa: E731
+    return f"{v['gflow']} ({' '.join(mark(v['rows'][k]) for k in CONCLUSIONS)})"
+
+
 def table(results: list[dict]) -> str:
+    verdicts = any("verdict" in r for r in results)  # a json written before the verdicts: no column
     head = ("| member | parents | selector picks (share) | reads offsets | attention on parents, per head | "
-            "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | Stage I / II end (wall I + II + III) |")
+            "token dependence | slope of a vs log τ | L̂ − Bayes | L̂ − GIH | L̂ − unigram | "
+            + ("gflow verdict (set, slope, limit) | " if verdicts else "")
+            + "Stage I / II end (wall I + II + III) |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in results:
         P = f"({','.join(map(str, r['parents']))})"
         fails = "; ".join(f"{f['method']} failed in Stage {f['stage']} at t = {f['t']:.4g} ({f['reason']})"
                           for f in r.get("failures", []))  # fmt: skip
         if "selected" not in r:
-            lines.append(f"| {r['variant']} | {P} |" + " — |" * 9 + f" {fails} |")
+            lines.append(f"| {r['variant']} | {P} |" + " — |" * (10 if verdicts else 9) + f" {fails} |")
             continue
         S = gflow.core.subset_label(tuple(r["selected"]))
         offs = "—" if r["offsets"] is None else gflow.core.subset_label(tuple(r["offsets"]))
@@ -303,12 +338,42 @@ def table(results: list[dict]) -> str:
             if r.get("completed", True):
                 st += f"; numbers from {r['method']}"
         mark = "" if r["parents_picked"] else " ✗"
+        vc = (verdict_cell(r) + " | ") if verdicts else ""
         lines.append(f"| {r['variant']} | {P} | {S} ({r['share']:.3f}) | {offs}{mark} | "
-                     f"{att} | {tok} | {sl} | {g['flow-bayes']} | {g['flow-gih']} | {g['flow-unigram']} | {st} |")  # fmt: skip
+                     f"{att} | {tok} | {sl} | {g['flow-bayes']} | {g['flow-gih']} | {g['flow-unigram']} | {vc}{st} |")  # fmt: skip
     return "\n".join(lines)
 
 
+def member_law(cfg: gflow.Config, tr, loss) -> tuple[np.ndarray, np.ndarray] | None:
+    """The member's own Stage III law at the run's saved Stage III times: ``(τ, a_law(τ))``,
+    the solution of ``da/dτ = η_a F(a)``, ``F(a) = −∂L̂(θ_II, a)/∂a`` on the run's sample from a's
+    value at Stage III's start (``gflow.theory.LawCurve`` on a grid of F from that value to 30);
+    ``None`` for a member whose Stage III moves more than a (its law is not one-dimensional) or a
+    run without a saved Stage III. The report's row "III: slope of a vs log τ in the member's own
+    window" fits this law against the flow."""
+    import jax
+
+    from gflow.theory import LawCurve
+
+    idx = np.flatnonzero(tr.stage == 3)
+    if idx.size < 2 or tuple(member_of(cfg.model).stage_moves["III"]) != ("a",):
+        return None
+    i0 = int(idx[0]) - 1  # the last saved point before Stage III: θ_II
+    a0, theta = float(tr.a[i0]), tr.state(i0)
+    w, C = tr.first_layer(i0), jnp.asarray(theta["C"])
+    mean_loss = lambda a: jnp.mean(loss.per_sequence(Params.assemble(w, C, a)))  # noqa: E731
+    grid = np.linspace(min(a0, 0.0), 30.0, 1201)
+    F = -np.asarray(jax.vmap(jax.grad(mean_loss))(jnp.asarray(grid)), np.float64)
+    tau = tr.ts[idx] - tr.stages[-1].t0
+    law = LawCurve(grid, F, F * np.exp(grid), a0, float(cfg.schedule.eta_a))
+    return tau, np.asarray(law.a(tau), np.float64)
+
+
 def plot(results: list[dict], out: Path, path: Path) -> None:
+    """Per parent set, three panels: the selected set's share of the selector against t; a against
+    Stage III's own clock τ (log), each member's flow (solid) beside its own law (dashed,
+    :func:`member_law`); the limit loss above Bayes, L̂ − Bayes, on a log axis (so the 0.02–0.06
+    spread of the members that learn the parents is not flattened by the one that does not)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -316,29 +381,42 @@ def plot(results: list[dict], out: Path, path: Path) -> None:
     from _study import save_figure
 
     parents_sets = sorted({tuple(r["parents"]) for r in results})
-    fig, axes = plt.subplots(len(parents_sets), 3, figsize=(16, 4.6 * len(parents_sets)), squeeze=False)
+    fig, axes = plt.subplots(len(parents_sets), 3, figsize=(17, 4.8 * len(parents_sets)), squeeze=False)
     for row, P in enumerate(parents_sets):
         rs = [r for r in results if tuple(r["parents"]) == P]
         ax_c, ax_a, ax_l = axes[row]
         rs = [r for r in rs if "selected" in r]
         for k, r in enumerate(rs):
             tr = gflow.load(out / folder_tag(r["variant"], P, r.get("method", "tsit5"), r.get("durations"), r.get("eta")))
+            cfg = tr.config
             col = plt.cm.tab20(k / max(1, len(rs) - 1))
             S = tuple(r["selected"])
             j = tr.subsets.index(S)
             t = np.maximum(tr.ts, 1e-3)
             ax_c.semilogx(t, tr.c_frac[:, j], color=col, label=f"{r['variant']}: {gflow.core.subset_label(S)}")
-            ax_a.semilogx(t, tr.a, color=col, label=r["variant"])
-            ax_l.bar(k, r["gaps"]["flow-bayes"][0], color=col)
+            idx = np.flatnonzero(tr.stage == 3)
+            if idx.size:
+                tau = tr.ts[idx] - tr.stages[-1].t0
+                ok = tau > 0
+                ax_a.semilogx(tau[ok], tr.a[idx][ok], color=col, lw=1.6, label=r["variant"])
+                law = member_law(cfg, tr, make_loss(cfg.data, cfg.model, cfg.estimator))
+                if law is not None:
+                    ax_a.semilogx(law[0][ok], law[1][ok], color=col, lw=1.0, ls="--")
+            gap = r["gaps"]["flow-bayes"][0]
+            ax_l.bar(k, max(gap, 1e-4), color=col)
+            ax_l.text(k, max(gap, 1e-4) * 1.08, f"{gap:.3f}", ha="center", fontsize=7)
         gih = np.mean([r["rungs"]["gih"][0] - r["rungs"]["bayes"][0] for r in rs])
         uni = np.mean([r["rungs"]["unigram"][0] - r["rungs"]["bayes"][0] for r in rs])
         ax_l.axhline(gih, color="k", ls="--", lw=1, label="GIH limit of the parents")
         ax_l.axhline(uni, color="gray", ls=":", lw=1, label="context unigram")
+        ax_l.set_yscale("log")
         ax_l.set_xticks(range(len(rs)), [r["variant"] for r in rs], rotation=60, ha="right", fontsize=8)
         ax_c.set(xlabel="t", ylabel="share of the set Stage I picked", title=f"parents {P}: the selector")
-        ax_a.set(xlabel="t", ylabel="a", title=f"parents {P}: the classifier scale")
-        ax_l.set(ylabel="L̂(end) − Bayes", title=f"parents {P}: the limit loss against the ladder")
+        ax_a.set(xlabel="τ = t − t₀ (Stage III's clock)", ylabel="a",
+                 title=f"parents {P}: a(τ), the flow (solid) and its own law da/dτ = η_a F(a) (dashed)")
+        ax_l.set(ylabel="L̂(end) − Bayes (log)", title=f"parents {P}: the limit loss above Bayes")
         ax_c.legend(fontsize=7, ncol=2)
+        ax_a.legend(fontsize=7, ncol=2)
         ax_l.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
