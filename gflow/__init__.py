@@ -72,10 +72,10 @@ from .dynamics import central_predictions as central_predictions
 from .dynamics import dense_solution as dense_solution
 from .dynamics import find_catapults as find_catapults
 from .dynamics import hessian_spectrum as hessian_spectrum
-from .dynamics import sharpness as sharpness
 from .dynamics import loss_hessian as loss_hessian
 from .dynamics import sde as sde
 from .dynamics import sgd as sgd
+from .dynamics import sharpness as sharpness
 from .dynamics import solve_sdcp as solve_sdcp
 from .runs import EvalResult as EvalResult
 from .runs import GridIncomplete as GridIncomplete

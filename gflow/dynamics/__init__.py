@@ -35,8 +35,8 @@ from ._spectrum import Sharpness as Sharpness
 from ._spectrum import Spectrum as Spectrum
 from ._spectrum import coordinate_labels as coordinate_labels
 from ._spectrum import hessian_spectrum as hessian_spectrum
-from ._spectrum import sharpness as sharpness
 from ._spectrum import loss_hessian as loss_hessian
+from ._spectrum import sharpness as sharpness
 from ._spectrum import step_scales as step_scales
 from ._stochastic import check_stochastic as check_stochastic
 from ._stochastic import integrate_stochastic as integrate_stochastic
