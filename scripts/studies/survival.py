@@ -299,8 +299,10 @@ def in_table_order(results: list[dict]) -> list[dict]:
 
 def verdict_cell(r: dict) -> str:
     """``pass (✓ ✓ ✓)``: the run's gflow verdict, then each conclusion's row (:data:`CONCLUSIONS`):
-    ✓ passed, ✗ failed, – undecided, · no such row."""
-    v = r["verdict"]
+    ✓ passed, ✗ failed, – undecided, · no such row; "—" for a row summarised without them."""
+    v = r.get("verdict")
+    if v is None:  # a row summarised before the verdicts were recorded
+        return "—"
     mark = lambda x: "·" if x is None else "–" if x["passed"] is None else "✓" if x["passed"] else "✗"  # noqa: E731
     return f"{v['gflow']} ({' '.join(mark(v['rows'][k]) for k in CONCLUSIONS)})"
 
