@@ -13,7 +13,7 @@ import numpy as np
 
 from .._util import bracketed_root, mean_se, rows_of_stage
 from ..core import Params, PopulationLoss, member_of, subset_label
-from ..theory import Theory, make_gih
+from ..theory import Theory, rate_symbol, set_gih
 from ..trajectory import Trajectory, selected_set
 from ._report import Row
 
@@ -127,13 +127,6 @@ def moved_away(measured: float, ref: float, by: float) -> float:
     return float(measured) + (by if float(measured) >= float(ref) else -by)
 
 
-def rate_symbol(model) -> str:
-    """The Stage I rate's symbol in the report: ``"J"`` for the paper's model, ``"G"`` for another
-    member of the family (the same derivative ``−∂L̂/∂a`` at ``a = 0``, ``c = e_S``, of the
-    member's own loss, which the paper does not derive)."""
-    return "J" if getattr(model, "member", "paper") == "paper" else "G"
-
-
 class Ctx:
     def __init__(self, traj: Trajectory, theory: Theory, loss: PopulationLoss, k_se: float):
         self.traj, self.th, self.loss, self.k_se = traj, theory, loss, float(k_se)
@@ -148,7 +141,7 @@ class Ctx:
         self.S_star, self.argmax_J = theory.S_star, theory.argmax_J
         # the Stage I rate's name: J for the paper's model, G for another member (the same
         # −∂L̂/∂a at a = 0, c = e_S, of the member's own loss: L̂ ≈ L₀ − a·G(c) at small a)
-        self.rate = rate_symbol(self.cfg.model)
+        self.rate = rate_symbol(self.cfg.model.member)
         self.selected = selected_set(traj)
         self.rows: list[Row] = []
         self.skipped: list[str] = []
@@ -161,10 +154,7 @@ class Ctx:
         {0,2} reads offsets {1,2}), as :meth:`gflow.Theory.with_law` builds its law."""
         S = tuple(S)
         if S not in self._gih:
-            offs = self.loss.member.set_offsets(S) if S in self.sets else S
-            if offs is None:
-                raise KeyError(f"no GIH for {subset_label(S)}: the set reads no parent offsets")
-            self._gih[S] = make_gih(self.loss.at_last_position(), tuple(offs))  # a last-position law
+            self._gih[S] = set_gih(self.loss, S)
         return self._gih[S]
 
     def stage(self, name: str):

@@ -139,6 +139,13 @@ class AbstractModel(eqx.Module):
         """The parent offsets the set reads with one-hot copiers (``None``: a set of no
         parents, e.g. one holding a component that is zero on the query)."""
 
+    def gih_offsets(self, S) -> tuple[int, ...] | None:
+        """The parent offsets whose GIH stands for `S`: a set of this model's 𝒮 through
+        :meth:`set_offsets` (the residual member's {0,2} reads {1,2}; ``None``: it reads none),
+        any other tuple taken as offsets itself."""
+        S = tuple(S)
+        return self.set_offsets(S) if S in self.model.subsets else S
+
     # -- κ in the table layouts --------------------------------------------------------------
     @abc.abstractmethod
     def counts_table(self, p: Params, d: int):

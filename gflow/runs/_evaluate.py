@@ -241,7 +241,7 @@ def eval_point(cfg: Config, pcfg: Config, theta: Params, S: tuple[int, ...],
     # the run's own estimator on the point's data and sample: make_loss, as the run built its loss
     # (the layout of the model's span, the run's target, dtype and sharding), on the point's sample
     loss = make_loss(pcfg.data, cfg.model, est, drawn=smp)
-    offs = member_of(cfg.model).set_offsets(S) if S in cfg.model.subsets else S  # the GIH of the offsets S reads
+    offs = member_of(cfg.model).gih_offsets(S)  # the GIH of the offsets S reads
     lad = loss_ladder(loss, pcfg.data, S=offs if offs is not None else (), params=theta, estimator=est,
                       pi_cond=kernel_conditional(pcfg.data, est))  # fmt: skip
     row: dict[str, Any] = {"N": est.N}

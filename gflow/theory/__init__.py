@@ -16,6 +16,7 @@ from ._gih import gih_force_per_seq as gih_force_per_seq
 from ._gih import gih_ode as gih_ode
 from ._gih import limit_loss as limit_loss
 from ._gih import make_gih as make_gih
+from ._gih import set_gih as set_gih
 from ._gih import stage3_law as stage3_law
 from ._graph import graph_chi2_mi as graph_chi2_mi
 from ._ladder import RUNGS as RUNGS
@@ -57,4 +58,5 @@ from ._strategies import strategy_losses as strategy_losses
 from ._strategies import strategy_phases as strategy_phases
 from ._strategies import strategy_predictions as strategy_predictions
 from ._text import format_theory as format_theory
+from ._text import rate_symbol as rate_symbol
 from ._theory import theory_report as theory_report

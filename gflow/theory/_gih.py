@@ -17,7 +17,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._util import bisect_root, golden_max, mean_se
-from ..core import CountFeatures, PopulationLoss, PositionFeatures, Sample, window_code_count
+from ..core import CountFeatures, PopulationLoss, PositionFeatures, Sample, subset_label, window_code_count
 from ._lawcurve import LawCurve, grid_force
 
 # ---------------------------------------------------------------------------
@@ -170,6 +170,16 @@ class GIH(eqx.Module):
     def force(self, a) -> Float[Array, ""]:
         """``F(a) = −dL_GIH/da``."""
         return jnp.mean(self.per_sequence_force(a))
+
+
+def set_gih(loss, S) -> GIH:
+    """The GIH of a model's set `S` on the run's estimator `loss` (a :class:`~gflow.PopulationLoss`):
+    of the offsets the set reads (``AbstractModel.gih_offsets``), at the last position of its sample
+    (the GIH is a last-position law). ``KeyError`` when the set reads no parent offsets."""
+    offs = loss.member.gih_offsets(S)
+    if offs is None:
+        raise KeyError(f"no GIH law for {subset_label(tuple(S))}: the set reads no parent offsets")
+    return make_gih(loss.at_last_position(), offs)
 
 
 def make_gih(source, S, *, cond=None, eps: float = 1e-6, kind: str = "log", M: int | None = None) -> GIH:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from .._util import jsonable
-from ..core import subset_label
-from ._gih import StageIIILaw, make_gih, stage3_law
+from ..core import KINDS, subset_label
+from ._gih import StageIIILaw, set_gih, stage3_law
 from ._rates import dlogc_dt, log_ratio_slope
 
 __all__ = [
@@ -55,7 +55,8 @@ _OPTION_DEFAULTS: dict[str, Any] = {
 # The paper's model: sum-normalised selector, no per-head normalisation,
 # aligned windows (head h on offsets 1..M), the expected (Rao–Blackwellised) target.
 _PAPER_MODEL: dict[str, tuple] = {
-    "data.kind": ("ngram",),  # the paper's data: Ĩ, J and the GIH are derived for the n-gram mixture
+    # the paper's data: the kinds the paper's laws are derived for (AbstractDataKind.has_laws: the n-gram mixture)
+    "data.kind": tuple(name for name, kind in KINDS.items() if kind.has_laws),
     "model.member": ("paper",),
     "model.norm": ("sum",),
     "model.head_norm": (False,),
@@ -464,10 +465,7 @@ class Theory:
         if n_grid is None:
             n_grid = 601 if ref is None else ref.a_grid.size
             a_max = a_max if ref is None else float(ref.a_grid[-1])
-        offs = loss.member.set_offsets(S) if S in self.sets else S  # a member's set: the offsets it reads
-        if offs is None:
-            raise KeyError(f"no GIH law for {subset_label(S)}: the set reads no parent offsets")
-        law = stage3_law(make_gih(loss.at_last_position(), offs), a_max=a_max, n_grid=n_grid)  # a last-position law
+        law = stage3_law(set_gih(loss, S), a_max=a_max, n_grid=n_grid)  # the GIH of the offsets the set reads
         return dataclasses.replace(self, laws={**self.laws, S: law})
 
     def __getitem__(self, key: str):

@@ -18,6 +18,13 @@ def _pm(x, se, spec=".4g"):
     return f"{x:{spec}} ± {_fmt(se, '.2g')}"
 
 
+def rate_symbol(member: str) -> str:
+    """The Stage I rate's symbol for ``model.member = member``: ``"J"`` for the paper's model,
+    ``"G"`` for another member of the family (the same derivative ``−∂L̂/∂a`` at ``a = 0``,
+    ``c = e_S``, of the member's own loss, which the paper does not derive)."""
+    return "J" if member == "paper" else "G"
+
+
 def format_theory(theory) -> str:
     """A readable text rendering of a :class:`~gflow.theory.Theory` (or of its
     :meth:`~gflow.theory.Theory.to_json` dict)."""
@@ -27,7 +34,8 @@ def format_theory(theory) -> str:
     mi, s1, s3 = report["mi"], report["stage1"], report["stage3"]
     labels = report["labels"]
     member = mc.get("member", "paper")
-    R = "J" if member == "paper" else "G"  # a member's own Stage I rate is named G (the paper derives J)
+    R = rate_symbol(member)
+    own = "" if R == "J" else " (the member's own loss)"
     out = []
     fixed = dc.get("fixed_kernel") or dc.get("kernel") is not None
     prior = "fixed kernel" if fixed else f"{PRIORS[dc.get('prior', 'dirichlet')].label}(alpha={dc['alpha']:g})"
@@ -76,8 +84,7 @@ def format_theory(theory) -> str:
     out.append("")
     out.append(
         f"§M6.2 Stage I rates at init (w₊={ic['w_plus']:g}, w₋={ic['w_minus']:g}, c₀={ic['c0']:g}, "
-        f"a₀={ic['a0']:g}): {R}(S) = −∂L̂/∂a|a=0,c=e_S on the run's sample"
-        f"{'' if R == 'J' else ' (the member' + chr(39) + 's own loss)'}; L₀ = {_fmt(s1['L0'], '.6g')}"
+        f"a₀={ic['a0']:g}): {R}(S) = −∂L̂/∂a|a=0,c=e_S on the run's sample{own}; L₀ = {_fmt(s1['L0'], '.6g')}"
     )
     out.append(f"  {'S':<7} {R + '(S)':>22} {'Ĩ(S)':>12} {'dlog c/dt (' + R + ')':>14} {'(Ĩ)':>10}")
     for i, lab in enumerate(labels):

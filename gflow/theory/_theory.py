@@ -215,7 +215,7 @@ def theory_report(
     # the GIH is a last-position law: with the loss at every position, the last position's sample
     gih_loss = loss.at_last_position()
     for S_ in want:  # keyed by the member's set; the GIH of the offsets it reads
-        offs = member.set_offsets(S_) if S_ in sets else S_
+        offs = member.gih_offsets(S_)
         if S_ not in laws and offs is not None:
             laws[S_] = stage3_law(make_gih(gih_loss, offs), a_max=a_max, n_grid=n_grid)
     t3 = time.perf_counter()
