@@ -438,6 +438,13 @@ def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
         assert r.claim == "finite" and r.passed is True, (r.name, r.predicted, r.measured, r.tolerance)
         assert r.decide(r.wrong) is False
     assert abs(slope.measured / slope.predicted - 1) < 0.005  # measured: well inside the 2 %
+    # Stage II's softmax argument covers the member (its copier is the paper's softmax(w)): β of
+    # both selected heads decided, within r + |Δlog K| of 1 (measured 0.91 for both), and × 1.5 fails
+    betas = [r for r in rep.rows if r.name.startswith("II: exponent β")]
+    assert [r.name for r in betas] == [f"II: exponent β of 1−s^({h})_{h} ~ τ^(−β)" for h in (2, 3)]
+    for r in betas:
+        assert r.passed is True and r.decide(r.wrong) is False, (r.name, r.measured, r.tolerance)
+        assert 0.8 < r.measured < 1.0
     assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
 
 

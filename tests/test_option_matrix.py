@@ -126,7 +126,7 @@ _ROWS_OF_LAW = {
     "stage1": ("I: winner argmax c/Σc = argmax J", "(J, ", "every S ≠ argmax J", "(linearised Stage I)"),
     "stage2": ("II: exponent β", "II: heads outside"),
     "gih": ("III: ∂τa vs η_a F(a)",),
-    "gih_limit": ("III: a at end vs a* ", "limit loss"),
+    "gih_limit": ("III: a at end vs a* ", "limit loss: L̂ at end vs inf_a L_GIH"),
     "gih_tail": ("III: exponent p of L̂ − L∞",),
 }
 

@@ -65,14 +65,21 @@ _PAPER_MODEL: dict[str, tuple] = {
     "estimator.positions": ("last",),  # the paper's loss: the last position
 }
 
+# the members whose first layer is the paper's copier softmax(w) (their Stage II laws)
+_SOFTMAX_COPIERS = ("paper", "value", "residual", "linear_query", "linear_output", "bilinear")
+
 LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     # Ĩ ranking, S* = argmax Ĩ, a ~ log t: the paper's statements about its model
     "paper": {**_PAPER_MODEL, "estimator.loss": ("log", "ce_on_probs")},
     # J(S), the log-ratio slopes, the predicted Stage I duration: L̂ ≈ L₀ − a Σ (c_S/Σc) J(S)
     # is exact to first order in a for norm="sum" (κ linear in c/Σc), whatever the loss
     "stage1": {**_PAPER_MODEL, "estimator.loss": ("log", "ce_on_probs")},
-    # Stage II: the one-line softmax argument (β = 1) and the heads outside the set
-    "stage2": {**_PAPER_MODEL, "estimator.loss": ("log", "ce_on_probs")},
+    # Stage II: the one-line softmax argument (β = 1) and the heads outside the set. Not the
+    # paper's formulas: an argument about a softmax copier w whose gradient is the selector's
+    # mass times a smooth function, so it covers every member whose copier is the paper's
+    # softmax(w) on aligned windows (the members of stage2_vertex; β's tolerance adds the
+    # measured drift of the member's own K)
+    "stage2": {**_PAPER_MODEL, "model.member": _SOFTMAX_COPIERS, "estimator.loss": ("log", "ce_on_probs")},
     # the GIH's F(a) (computed for the run's own loss), C*, window, and the contrast λ
     # (the sum-norm selector's weight on the match indicator)
     "gih": {**_PAPER_MODEL, "estimator.loss": ("log", "ce_on_probs")},
@@ -87,7 +94,7 @@ LAW_COVERAGE: dict[str, dict[str, tuple]] = {
     "stage1_model": {"model.member": ("paper", "token", "value", "full", "absolute", "residual", "linear_output")},
     # the one-hot copier as a fixed point of Stage II (directional derivatives of the run's loss
     # in w: the members whose copier is the paper's softmax(w) on aligned windows)
-    "stage2_vertex": {"model.member": ("paper", "value", "residual", "linear_query", "linear_output", "bilinear")},
+    "stage2_vertex": {"model.member": _SOFTMAX_COPIERS},
     # the GIH's tail K = lim e^a F(a) and the approach L̂ − L∞ ~ 1/(η_a λ² τ) when a* = ∞
     "gih_tail": {**_PAPER_MODEL, "estimator.loss": ("ce_on_probs",)},
 }
