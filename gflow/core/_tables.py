@@ -51,6 +51,8 @@ DIAGONAL_LOGIT = 1e-6
 # the most numbers (table entries × table parameters) for which the batch gradients go through
 # the κ table's Jacobian (256 MB in float64); above, one vector-Jacobian product a batch
 MAX_JACOBIAN = 2**25
+# cotangents pulled back at once when the table's Jacobian is too large to form
+VJP_BATCH = 4
 
 
 # ---------------------------------------------------------------------------
@@ -201,8 +203,9 @@ class AbstractWindowModel(AbstractModel):
         table = fn(blocks)
         E = table.size
         if E * sum(sizes) > MAX_JACOBIAN:
+            # a few batches at a time: all 64 at once asked for 116 GB (the Full model's counts table)
             _, vjp = jax.vjp(fn, blocks)
-            return table, lambda T: jax.vmap(lambda t: vjp(t.reshape(table.shape))[0])(T)
+            return table, lambda T: jax.lax.map(lambda t: vjp(t.reshape(table.shape))[0], T, batch_size=VJP_BATCH)
         J = jax.jacfwd(fn)(blocks)
         Jf = jnp.concatenate([J[b].reshape(E, n) for b, n in zip(names, sizes)], axis=-1)
         offs = np.cumsum([0] + sizes)
