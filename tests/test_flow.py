@@ -131,6 +131,20 @@ def test_gd_is_the_iteration():
     np.testing.assert_allclose(tr.a[-1], p.a, rtol=1e-12)
 
 
+def test_gd_that_diverges_at_the_start_is_refused_before_integrating(tmp_path):
+    """One step θ₀ − ηΛ∇L̂(θ₀) decides: η = 10³⁰⁰ overflows C² (non-finite loss), refused with a
+    ValueError naming solver.eta before anything is integrated or written (the folder stays
+    without a run); η = 10⁶ — 2·10⁶ times the edge at the start — is a finite step and runs (GD on
+    this model catapults the selector instead of diverging), its loss finite at the end."""
+    base = gflow.Config().replace(data={"L": 12}, estimator={"N": 100}, schedule={"kind": "joint"})
+    cfg = base.replace(schedule={"t1": 1e301}, solver={"method": "gd", "eta": 1e300})
+    with pytest.raises(ValueError, match=r"solver.eta = 1e\+300: GD diverges at the start: .* take a smaller solver.eta"):
+        gflow.integrate(cfg, out=tmp_path / "run")
+    assert not (tmp_path / "run" / "trajectory.npz").exists()
+    ok = gflow.integrate(base.replace(schedule={"t1": 3e6}, solver={"method": "gd", "eta": 1e6}))
+    assert ok.status == "complete" and np.all(np.isfinite(ok.loss)) and ok.ts[-1] == pytest.approx(3e6)
+
+
 # ---------------------------------------------------------------------------
 # The staged run
 # ---------------------------------------------------------------------------

@@ -151,6 +151,8 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
             out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    if not resume:
+        check_first_step(cfg, loss, params0, plan[0][0])
     if on_loss is not None:  # the request is valid and its sample drawn (the command line starts its theory)
         on_loss(loss)
 
@@ -195,6 +197,37 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
     if out is not None:
         out.save(traj)
     return traj
+
+
+def check_first_step(cfg: Config, loss: PopulationLoss, params0: Params, stage: str) -> None:
+    """GD's step η (``solver.method = "gd"``, and the central flow, whose η is GD's) refused before
+    integrating when GD diverges at the start: one step ``θ₁ = θ₀ − η Λ ∇L̂(θ₀)`` of the first
+    stage's moving blocks gives a non-finite θ₁ or L̂(θ₁). (On the paper's model GD does not
+    otherwise diverge at the start: at d = 3, L = 20, N = 300, joint, η up to 10¹² keeps a finite
+    loss, the selector catapulting and a growing; η = 10³⁰⁰ overflows C² in the first step.) One
+    gradient and one loss, compiled once per shape."""
+    eta = cfg.solver.eta
+    if cfg.solver.method_for(stage) not in ("gd", "central") or eta is None:
+        return
+    dtype = cfg.estimator.jdtype
+    moves = stage_blocks(cfg, stage)
+    y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
+    scales = block_scales(cfg, moves, dtype)
+    finite, l0 = _first_step(loss, y, moves, scales, jnp.asarray(eta, dtype))
+    if not bool(finite):
+        raise ValueError(
+            f"solver.eta = {eta!r}: GD diverges at the start: one step θ₀ − η Λ ∇L̂(θ₀) of the blocks "
+            f"{', '.join(moves)} gives a non-finite θ or loss (L̂(θ₀) = {float(l0):.6g}); take a smaller solver.eta"
+        )
+
+
+@eqx.filter_jit
+def _first_step(loss: PopulationLoss, y: Params, moves: tuple[str, ...], scales: dict, eta):
+    l0, g = loss.value_and_grad(y)
+    y1 = y.with_blocks({b: y.get(b) - eta * scales[b] * g.get(b) for b in moves})
+    l1 = loss(y1)
+    ok = jnp.isfinite(l1) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(y1.blocks())]))
+    return ok, l0
 
 
 def stage1_selection(traj: Trajectory) -> tuple[int, ...]:
