@@ -203,8 +203,8 @@ def check_first_step(cfg: Config, loss: PopulationLoss, params0: Params, stage: 
     """GD's step η (``solver.method = "gd"``, and the central flow, whose η is GD's) refused before
     integrating when GD diverges at the start: one step ``θ₁ = θ₀ − η Λ ∇L̂(θ₀)`` of the first
     stage's moving blocks gives a non-finite θ₁ or L̂(θ₁). (On the paper's model GD does not
-    otherwise diverge at the start: at d = 3, L = 20, N = 300, joint, η up to 10¹² keeps a finite
-    loss, the selector catapulting and a growing; η = 10³⁰⁰ overflows C² in the first step.) One
+    otherwise diverge at the start: at d = 3, joint, η = 0.45 … 100 (L = 20, N = 300) and up to 10¹²
+    (L = 12, N = 100) keep a finite loss, the selector catapulting and a growing; η = 10³⁰⁰ overflows C² in the first step.) One
     gradient and one loss, compiled once per shape."""
     eta = cfg.solver.eta
     if cfg.solver.method_for(stage) not in ("gd", "central") or eta is None:
