@@ -205,7 +205,7 @@ def check_first_step(cfg: Config, loss: PopulationLoss, params0: Params, stage: 
     stage's moving blocks gives a non-finite θ₁ or L̂(θ₁). (On the paper's model GD does not
     otherwise diverge at the start: at d = 3, joint, η = 0.45 … 100 (L = 20, N = 300) and up to 10¹²
     (L = 12, N = 100) keep a finite loss, the selector catapulting and a growing; η = 10³⁰⁰ overflows C² in the first step.) One
-    gradient and one loss, compiled once per shape."""
+    gradient and two losses, in the program every stage's start calls (:func:`stage_start`)."""
     eta = cfg.solver.eta
     if cfg.solver.method_for(stage) not in ("gd", "central") or eta is None:
         return
@@ -213,21 +213,13 @@ def check_first_step(cfg: Config, loss: PopulationLoss, params0: Params, stage: 
     moves = stage_blocks(cfg, stage)
     y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
     scales = block_scales(cfg, moves, dtype)
-    finite, l0 = _first_step(loss, y, moves, scales, jnp.asarray(eta, dtype))
+    step = {b: (eta * scales[b] if b in moves else v) for b, v in _no_step(y).items()}
+    _, finite, l0 = _start_checks(loss, y, step)
     if not bool(finite):
         raise ValueError(
             f"solver.eta = {eta!r}: GD diverges at the start: one step θ₀ − η Λ ∇L̂(θ₀) of the blocks "
             f"{', '.join(moves)} gives a non-finite θ or loss (L̂(θ₀) = {float(l0):.6g}); take a smaller solver.eta"
         )
-
-
-@eqx.filter_jit
-def _first_step(loss: PopulationLoss, y: Params, moves: tuple[str, ...], scales: dict, eta):
-    l0, g = loss.value_and_grad(y)
-    y1 = y.with_blocks({b: y.get(b) - eta * scales[b] * g.get(b) for b in moves})
-    l1 = loss(y1)
-    ok = jnp.isfinite(l1) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(y1.blocks())]))
-    return ok, l0
 
 
 def stage1_selection(traj: Trajectory) -> tuple[int, ...]:
@@ -372,13 +364,23 @@ def _failure(result, ok: bool, sc, name: str) -> str:
 def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
     """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start: two
     programs, so that the gradient's (the same shapes in every stage) compiles once a run."""
-    return _stage_loss(loss, y, moves), _grad_is_finite(loss, y)
+    return _stage_loss(loss, y, moves), _start_checks(loss, y, _no_step(y))[0]
+
+
+def _no_step(y: Params) -> dict:
+    return {b: jnp.zeros((), v.dtype) for b, v in y.blocks().items()}
 
 
 @eqx.filter_jit
-def _grad_is_finite(loss: PopulationLoss, y: Params):
-    g = loss.grad(y)
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+def _start_checks(loss: PopulationLoss, y: Params, step: dict):
+    """Whether ∇L̂(y) is finite, whether one GD step ``y − step ⊙ ∇L̂(y)`` (``step``: η Λ of each
+    block, 0 for a frozen one) has a finite θ and loss, and L̂(y). One program for both uses (the
+    stages' starts pass no step; :func:`check_first_step` GD's), compiled once a run."""
+    l0, g = loss.value_and_grad(y)
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(g)]))
+    y1 = y.with_blocks({b: v - step[b] * g.get(b) for b, v in y.blocks().items()})
+    ok = jnp.isfinite(loss(y1)) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(y1.blocks())]))
+    return finite, ok, l0
 
 
 @eqx.filter_jit
