@@ -333,8 +333,7 @@ class SparseCountFeatures(PositionFeatures):
 
     def batch_grads(self, loss, params, B: int, bid, n_b):
         size = self.table_size(loss)
-        # a large table, or one much larger than the sample's entries: per-sequence gradients,
-        # summed per batch (BATCH_TABLE_PER_ENTRY: the measured break-even, below)
+        # a large table, or one much larger than the sample: per-sequence gradients, summed per batch
         if B * size > min(MAX_BATCH_TABLE, BATCH_TABLE_PER_ENTRY * int(np.prod(self.counts.shape))):
             ls, gs = self.per_sequence_grads(loss, params)
             nb = jnp.asarray(n_b, ls.dtype)
@@ -533,15 +532,12 @@ class VectorFeatures(SparseCountFeatures):
         return nQ + nK * (loss.d if loss.member.own_token else 1)
 
 
-# Largest (batches × sparse table entries) for which the batch gradients of the
-# sparse layout are summed on the table (as for counts; 268 MB of float64 at most); above, per
-# sequence. The official Full model's table (265,356 entries, 64 batches) is summed on the table:
-# its statistics at a saved time 2.1 s against 6.8 s per sequence (2**23 before).
+# Largest (batches × sparse table entries) for which the batch gradients of the sparse layout are
+# summed on the table (as for counts; 268 MB of float64 at most); above, per sequence. And at most
+# this many per (sequence, [key token,] window) entry of the sample: about 80 ns a table number
+# (Jacobian product included) against 4 µs a sequence's entry (the official Full model at N = 9,000:
+# 1.4 s on the table, 6.8 s per sequence; at N = 500, L = 30 the sequences are cheaper)
 MAX_BATCH_TABLE = 2**25
-# ... and while it has at most this many numbers per (sequence, [key token,] window) entry of the
-# sample: summing on the table costs about 80 ns per number (Jacobian product included), a
-# sequence's gradient about 4 µs per entry (the official Full model: 1.4 s on the table against
-# 6.8 s per sequence at N = 9,000; at N = 500 and L = 30 the sequences are cheaper)
 BATCH_TABLE_PER_ENTRY = 50
 
 
