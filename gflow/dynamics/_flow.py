@@ -147,12 +147,13 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         if params0 is None:
             params0 = init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=dtype)
         check_params(params0, cfg)
+        y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
         if out is not None and overwrite:
             out.remove_stale()
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     if not resume:
-        check_first_step(cfg, loss, params0, plan[0][0])
+        check_first_step(cfg, loss, y, plan[0][0])
     if on_loss is not None:  # the request is valid and its sample drawn (the command line starts its theory)
         on_loss(loss)
 
@@ -163,7 +164,6 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
         t = float(traj.ts[-1])
         wall0 = traj.wall
     else:
-        y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
         t = 0.0
         wall0 = 0.0
         H, M = cfg.model.H, cfg.model.M
@@ -199,20 +199,19 @@ def _integrate(config: Config, *, out, resume, overwrite, loss, params0, verbose
     return traj
 
 
-def check_first_step(cfg: Config, loss: PopulationLoss, params0: Params, stage: str) -> None:
+def check_first_step(cfg: Config, loss: PopulationLoss, y: Params, stage: str) -> None:
     """GD's step η (``solver.method = "gd"``, and the central flow, whose η is GD's) refused before
     integrating when GD diverges at the start: one step ``θ₁ = θ₀ − η Λ ∇L̂(θ₀)`` of the first
-    stage's moving blocks gives a non-finite θ₁ or L̂(θ₁). (On the paper's model GD does not
-    otherwise diverge at the start: at d = 3, joint, η = 0.45 … 100 (L = 20, N = 300) and up to 10¹²
-    (L = 12, N = 100) keep a finite loss, the selector catapulting and a growing; η = 10³⁰⁰ overflows C² in the first step.) One
-    gradient and two losses, in the program every stage's start calls (:func:`stage_start`)."""
+    stage's moving blocks from `y` (θ₀ in the run's dtype) gives a non-finite θ₁ or L̂(θ₁). (On the paper's model GD does not otherwise
+    diverge at the start: at d = 3, joint, η = 0.45 … 100 (L = 20, N = 300) and up to 10¹²
+    (L = 12, N = 100) keep a finite loss, the selector catapulting and a growing; η = 10³⁰⁰
+    overflows C² in the first step.) One gradient and two losses, in the program every stage's
+    start calls (:func:`stage_start`)."""
     eta = cfg.solver.eta
     if cfg.solver.method_for(stage) not in ("gd", "central") or eta is None:
         return
-    dtype = cfg.estimator.jdtype
     moves = stage_blocks(cfg, stage)
-    y = Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in params0.blocks().items()})
-    scales = block_scales(cfg, moves, dtype)
+    scales = block_scales(cfg, moves, cfg.estimator.jdtype)
     step = {b: (eta * scales[b] if b in moves else v) for b, v in _no_step(y).items()}
     _, finite, l0 = _start_checks(loss, y, step)
     if not bool(finite):
