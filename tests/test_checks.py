@@ -49,6 +49,8 @@ DECIDED_ON_SMALL = (
     ("I: Stage I duration", "finite"),
     ("II: s^(1)_1", "exact"),
     ("II: s^(2)_2", "exact"),
+    ("II: initial rate ∂τ s^(1)_1", "finite"),
+    ("II: initial rate ∂τ s^(2)_2", "finite"),
     ("II: exponent β of 1−s^(1)_1", "finite"),
     ("II: heads outside {1,2}", "finite"),
     ("III: ∂τa vs η_a F(a)", "finite"),
@@ -373,13 +375,25 @@ def test_check_run_on_empty_folder(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def _mutated(traj, *, stage1_time=1.0, a_shift=0.0, nan_loss=False):
+def _mutated(traj, *, stage1_time=1.0, a_shift=0.0, nan_loss=False, stage2_time=1.0):
     """A copy of `traj` with Stage I's clock stretched by `stage1_time` (the later
-    stages shifted to follow), Stage III's a shifted by `a_shift`, and a NaN loss."""
+    stages shifted to follow), Stage III's a shifted by `a_shift`, a NaN loss, and Stage II's
+    clock stretched by `stage2_time` (Stage III shifted to follow)."""
     import copy
     import dataclasses
 
     tr = copy.deepcopy(traj)
+    if stage2_time != 1.0:
+        rec2 = next(r for r in tr.stages if r.name == "II")
+        t0, t1 = rec2.t0, rec2.t1
+        tr.ts = np.where(traj.stage == 2, t0 + stage2_time * (traj.ts - t0),
+                         np.where(traj.stage == 3, traj.ts + (stage2_time - 1.0) * (t1 - t0), traj.ts))  # fmt: skip
+        for rec in tr.stages:
+            if rec.name == "II":
+                rec.t1 = t0 + stage2_time * (t1 - t0)
+            elif rec.name == "III":
+                rec.t0, rec.t1 = rec.t0 + (stage2_time - 1.0) * (t1 - t0), rec.t1 + (stage2_time - 1.0) * (t1 - t0)
+        return dataclasses.replace(tr)
     t1 = traj.stages[0].t1
     tr.ts = np.where(traj.stage == 1, stage1_time * traj.ts, traj.ts + (stage1_time - 1.0) * t1)
     for rec in tr.stages:
@@ -446,6 +460,33 @@ def test_member_law_rows_decide_for_a_member_without_the_gih(tmp_path):
         assert r.passed is True and r.decide(r.wrong) is False, (r.name, r.measured, r.tolerance)
         assert 0.8 < r.measured < 1.0
     assert rep.verdict["gflow"] == "pass", [(r.name, r.measured, r.tolerance) for r in rep.failed]
+
+
+def test_stage2_rate_row_decides_for_a_first_layer_that_is_not_the_rpe(tmp_path):
+    """Stage II for a member outside the softmax argument (`absolute`: learned absolute
+    positions, not the RPE; d = 3, L = 20, N = 200): the β rows stay undecided with the reason,
+    and the member's own gradient decides the initial rate of each selected head's attention
+    (∂τ s^(h)_h at τ = 0: its gradient at the Stage I end through its query attention)
+    against the flow's first saved points, to 10⁻⁶ relative (measured 5·10⁻⁸–8·10⁻⁸ at
+    L = 20, N = 300). A flow whose Stage II runs twice too slow (its clock × 2) fails it."""
+    cfg = gflow.Config().replace(data={"L": 20}, model={"member": "absolute"}, estimator={"N": 200})
+    loss = gflow.make_loss(cfg.data, cfg.model, cfg.estimator)
+    traj = gflow.integrate(cfg, out=tmp_path, loss=loss)
+    theory = gflow.theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=200, loss=loss)
+    rep = check(traj, theory=theory, loss=loss)
+    rates = [r for r in rep.rows if r.name.startswith("II: initial rate")]
+    assert [r.name for r in rates] == [f"II: initial rate ∂τ s^({h})_{h} (the member's own gradient)" for h in (1, 2)]
+    for r in rates:
+        assert r.claim == "finite" and r.passed is True, (r.name, r.predicted, r.measured, r.tolerance)
+        assert r.predicted > 0 and abs(r.measured / r.predicted - 1) < 1e-6
+        assert r.decide(r.wrong) is False
+    betas = [r for r in rep.rows if r.name.startswith("II: exponent β")]
+    assert betas and all(r.passed is None and "stage2 law" in r.tolerance for r in betas)
+    slow = check(_mutated(traj, stage2_time=2.0), theory=theory, loss=loss)
+    for r in (r for r in slow.rows if r.name.startswith("II: initial rate")):
+        assert r.passed is False, (r.name, r.predicted, r.measured, r.tolerance)
+        assert r.measured == pytest.approx(r.predicted / 2.0, rel=1e-5)
+    assert slow.verdict["gflow"] == "fail"
 
 
 def test_a_set_holding_the_residual_stream_is_checked_by_its_heads_and_offsets():

@@ -126,6 +126,24 @@ def test_small_a_rates_sum_norm_are_the_J_linearisation():
     np.testing.assert_allclose(sm.diff, lin, rtol=1e-10, atol=1e-12 * np.abs(lin).max())
 
 
+def test_full_member_rates_of_sets_outside_the_normaliser_are_their_linear_coefficients():
+    """The Full model (norm="sum") normalises κ by the sets without the token component, so a
+    set holding it has no c = e_S (Σc = 0; J was NaN and `gflow theory` failed). Its J is its
+    coefficient in G(c) = −∂L̂/∂a|_{a=0} = Σ_S c_S J(S) / Σ_{S∌0} c_S: checked against G computed
+    directly at a random C that weights every set (to 10⁻¹⁰ relative), and those J vanish (the
+    token sets' kernel is the 10⁻²⁴ floor)."""
+    _cfg, loss, p = _setup("sum", member="full", N=200)
+    rates = stage1_rates(loss, p.first_layer)
+    assert np.all(np.isfinite(rates.J))
+    norm = np.asarray(gflow.core.member_of(loss.model).normalising())
+    assert not norm.all() and np.all(np.abs(rates.J[~norm]) < 1e-12)
+    C = jax.random.uniform(jax.random.key(3), (len(rates.sets),), jnp.float64, 0.2, 1.0)
+    mean_loss = lambda a: jnp.mean(loss.per_sequence(Params.assemble(p.first_layer, C, a)))
+    G = -float(jax.grad(mean_loss)(jnp.zeros((), jnp.float64)))
+    c = np.asarray(C, np.float64) ** 2
+    np.testing.assert_allclose(G, float(c @ rates.J / c[norm].sum()), rtol=1e-10)
+
+
 def test_small_a_rates_layer_norm_first_order_in_a():
     """norm="layer": exact rates − small-a rates = O(a²) (rates are O(a)): the relative gap
     falls 10× when a falls 10×; and the layer-norm rates are not the J linearisation."""

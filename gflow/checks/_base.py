@@ -78,6 +78,26 @@ def model_dforce(loss: PopulationLoss, w, C, a):
     return -jax.grad(jax.grad(mean_loss))(a)
 
 
+@eqx.filter_jit
+def model_grad(loss: PopulationLoss, blocks: dict) -> dict:
+    """``∇L̂`` at θ given by its `blocks` (name → array), as a dict of the same blocks."""
+    return jax.grad(lambda bl: loss(Params.from_blocks(bl)))(blocks)
+
+
+def attention_velocity(cfg, loss: PopulationLoss, blocks: dict, moves) -> np.ndarray:
+    """``d/dτ`` of each head's query attention over its offsets, ``(H, M)``, along the flow
+    ``dθ/dτ = −Λ ∇L̂`` that moves the blocks `moves` (Λ: ``η_w``, ``η_C`` or ``η_a`` by the
+    block's group), at θ given by `blocks`: the member's own gradient pushed through its
+    ``query_attention`` by a Jacobian-vector product."""
+    member = member_of(cfg.model)
+    dt = loss.eps.dtype
+    blocks = {b: jnp.asarray(v, dt) for b, v in blocks.items()}
+    g = model_grad(loss, blocks)
+    eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
+    v = {b: -eta[member.block_group(b)] * g[b] if b in moves else jnp.zeros_like(g[b]) for b in blocks}
+    return np.asarray(jax.jvp(member.query_attention, (blocks,), (v,))[1], np.float64)
+
+
 def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spacing: float = 0.25) -> float | None:
     """The zero ``a°`` of the model's force ``F(a) = −∂L̂/∂a`` at fixed (w, C) that the
     one-dimensional flow ``da/dτ ∝ F(a)`` started at `a_from` settles at: the first

@@ -16,6 +16,7 @@ from ..theory import LawCurve, gih_dforce, gih_force, gih_force_per_seq
 from ._base import (
     EVENT_SLACK,
     Ctx,
+    attention_velocity,
     contrast,
     first_layer,
     model_dforce,
@@ -142,12 +143,57 @@ def _row_outside(ctx: Ctx, idx, heads) -> None:
     )
 
 
+def _row_rate(ctx: Ctx, rec, idx, heads) -> None:
+    """Finite, for every member (gflow's, not the paper's): the rate at which Stage II starts
+    concentrating each head of the selected set, ``∂τ s^(h)_h`` at τ = 0, predicted from the
+    member's own loss: its gradient at the Stage I end, scaled by the stage's rates Λ, pushed
+    through the member's query attention (:func:`gflow.checks._base.attention_velocity`). It
+    holds for any first layer (RPE, token-aware, absolute positions, the Full model), and
+    says which way the flow turns the head and how fast, where the β row's softmax argument
+    does not apply. Measured from the first saved points of Stage II: the forward
+    difference quotients ``D_k = (s(τ_k) − s(0))/τ_k`` extrapolated to τ = 0 (Richardson,
+    ``r_k = D_k − (D_{k+1} − D_k) τ_k/(τ_{k+1} − τ_k)``, exact for a quadratic); measured
+    ``r_0``, tolerance ``3·max_k |r_k − r_0|`` (k = 1, 2: the neglected cubic term) plus
+    ``10⁻⁶·|predicted|`` (the solver's error). Undecided when that tolerance would not reject
+    a rate × 1.5 (saved points too far apart). Wrong answer: the measured rate × 1.5."""
+    if idx.size < 4:
+        ctx.skip("II: initial rate", f"only {idx.size} saved points in Stage II")
+        return
+    i0 = int(idx[0]) - 1
+    tr = ctx.traj
+    tau = np.asarray(tr.ts[idx[:4]] - rec.t0, np.float64)
+    if not np.all(np.diff(np.concatenate([[0.0], tau])) > 0):
+        ctx.skip("II: initial rate", "the first saved times of Stage II are not increasing")
+        return
+    moves = tuple(member_of(ctx.cfg.model).stage_moves["II"])
+    sdot = attention_velocity(ctx.cfg, ctx.loss, tr.blocks(i0), moves)
+    for h in heads:
+        j = own(ctx.cfg.model, h)
+        s = np.asarray(tr.s[:, h - 1, j], np.float64)
+        D = (s[idx[:4]] - s[i0]) / tau
+        r = D[:3] - (D[1:] - D[:3]) * tau[:3] / (tau[1:] - tau[:3])
+        pred, meas = float(sdot[h - 1, j]), float(r[0])
+        tol = 3.0 * float(np.max(np.abs(r[1:] - r[0]))) + 1e-6 * abs(pred)
+        name = f"II: initial rate ∂τ s^({h})_{h} (the member's own gradient)"
+        why = None
+        if not tol < 0.5 * abs(meas):
+            why = f"the first saved points (τ ≤ {tau[-1]:.3g}) do not resolve the rate: tolerance {tol:.3g}"
+        ctx.add(
+            decided_row(
+                name, pred, meas,
+                f"3·spread of the extrapolations + 1e-6·|pred| = {tol:.3g} (τ = {tau[0]:.3g}…{tau[-1]:.3g})",
+                claim="finite", rule=("abs", pred, tol), wrong=1.5 * meas, why_not=why,
+            )
+        )
+
+
 def rows_stage2(ctx: Ctx) -> None:
     st = _stage2(ctx)
     if st is None:
         return
     rec, idx, heads = st
     _rows_stage2_events(ctx, rec, idx, heads)
+    _row_rate(ctx, rec, idx, heads)
     for h in heads:
         _row_beta(ctx, rec, idx, h)
     _row_outside(ctx, idx, heads)

@@ -120,6 +120,11 @@ class AbstractModel(eqx.Module):
         """Whether the second derivatives through the κ table apply (``gflow.core.table_hessian``)."""
 
     # -- what the events and the reports read ------------------------------------------------
+    def normalising(self) -> tuple[bool, ...]:
+        """Which sets of 𝒮 normalise κ (``Σc`` runs over them; the shares of the others are 0):
+        every set by default; the Full model's sets holding the token component do not."""
+        return (True,) * len(self.model.subsets)
+
     @abc.abstractmethod
     def shares(self, blocks: dict):
         """The selector's shares (``c_S/Σc`` over the sets that normalise κ), ``(|𝒮|,)``, from

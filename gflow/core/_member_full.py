@@ -86,11 +86,11 @@ class FullModel(AbstractWindowModel, AbstractPaperStages):
     def first_layer_extra(self):
         return _FIRST[1:]
 
-    def _normalising(self):
-        return np.asarray([0 not in S for S in self.model.subsets])
+    def normalising(self):
+        return tuple(0 not in S for S in self.model.subsets)
 
     def shares(self, blocks):
-        return c_shares(blocks["C"], self._normalising())
+        return c_shares(blocks["C"], np.asarray(self.normalising()))
 
     def query_attention(self, blocks):
         # the query's attention over each head's M offsets (its diagonal, the zero vector, takes the rest)
@@ -139,7 +139,7 @@ class FullModel(AbstractWindowModel, AbstractPaperStages):
         c = C**2
         if self.model.norm == "sum":
             x = jax.nn.relu(inner) + OFFICIAL_FLOOR
-            return self._selector(c, x) / jnp.sum(jnp.where(self._normalising(), c, 0.0))
+            return self._selector(c, x) / jnp.sum(jnp.where(np.asarray(self.normalising()), c, 0.0))
         inner, q2, k2 = inner
         num = self._selector(c, jax.nn.relu(inner) + OFFICIAL_FLOOR)
         nq = jnp.sqrt(self._selector(c, q2 + OFFICIAL_FLOOR))  # (nq,)

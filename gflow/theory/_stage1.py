@@ -292,6 +292,11 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
     ``norm="layer"`` J is still the derivative at ``c = e_S`` but the
     first-order expansion in ``c/Σc`` is not exact.
 
+    A set outside the member's normaliser (``AbstractModel.normalising``: the Full model's sets
+    holding the token component, whose share is always 0) has no ``c = e_S``; its J is its
+    coefficient in the linear ``G(c) = Σ_S c_S J(S) / Σ_{normalising} c_S``, computed at
+    ``C = e_S + e_R`` (R the first normalising set) minus ``J(R)``, exact for ``norm="sum"``.
+
     `sets` defaults to ``loss.model.subsets``; offsets must lie in ``1..H``.
     """
     model = loss.model
@@ -303,9 +308,18 @@ def stage1_rates(loss: PopulationLoss, w: Float[Array, "H M"], *, sets=None) -> 
             raise ValueError(f"stage1_rates: set {S} is not in the model's 𝒮 = {all_sets}")
         idx.append(all_sets.index(S))
     w = jax.tree.map(lambda v: jnp.asarray(v, loss.eps.dtype), w)
-    Cs = jnp.eye(len(all_sets), dtype=loss.eps.dtype)[np.array(idx)]
-    l0, ds = _per_sequence_dloss_da(loss, w, Cs)
-    per = -np.asarray(ds, np.float64).T  # (N, nS)
+    # a set outside the normaliser (the Full model's sets holding the token) has no c = e_S (Σc = 0):
+    # its J is its term's coefficient in the linear G(c) = Σ_S c_S J(S) / Σ_{S normalising} c_S,
+    # read at C = e_S + e_R (R the first normalising set: Σc = 1) minus J(R)
+    norm = np.asarray(loss.member.normalising(), bool)
+    ref = int(np.flatnonzero(norm)[0])
+    eye = np.eye(len(all_sets))
+    outside = not norm[np.array(idx)].all()
+    rows = [eye[i] if norm[i] else eye[i] + eye[ref] for i in idx] + ([eye[ref]] if outside else [])
+    l0, ds = _per_sequence_dloss_da(loss, w, jnp.asarray(np.array(rows), loss.eps.dtype))
+    per = -np.asarray(ds, np.float64).T  # (N, nS), and J(R)'s column last when a set is outside
+    if outside:
+        per = np.where(norm[np.array(idx)], per[:, :-1], per[:, :-1] - per[:, -1:])
     J, Jse = mean_se(per)
     return StageIRates(sets=sets, J=J, J_se=Jse, diff_se=_paired_se(per), L0=float(np.mean(np.asarray(l0))))
 
