@@ -54,6 +54,9 @@ class AbstractModel(eqx.Module):
     # whether the member's output ŷ is logits (edelman): its loss is then the cross-entropy of
     # softmax(ŷ), and the ladder scores the baselines' probabilities with the log loss
     outputs_logits: ClassVar[bool] = False
+    # whether the sets holding the token component normalise κ (Σc runs over them): the Full
+    # model's official κ leaves them out (its token sets' shares are then always 0)
+    token_sets_normalise: ClassVar[bool] = True
 
     @classmethod
     @abc.abstractmethod
@@ -122,8 +125,9 @@ class AbstractModel(eqx.Module):
     # -- what the events and the reports read ------------------------------------------------
     def normalising(self) -> tuple[bool, ...]:
         """Which sets of 𝒮 normalise κ (``Σc`` runs over them; the shares of the others are 0):
-        every set by default; the Full model's sets holding the token component do not."""
-        return (True,) * len(self.model.subsets)
+        every set, but those holding the token component when :attr:`token_sets_normalise` is
+        false (the Full model)."""
+        return tuple(self.token_sets_normalise or 0 not in S for S in self.model.subsets)
 
     @abc.abstractmethod
     def shares(self, blocks: dict):

@@ -61,6 +61,7 @@ class FullModel(AbstractWindowModel, AbstractPaperStages):
     name = "full"
     options = ("proj_init", "norm")
     token_component = True
+    token_sets_normalise = False
 
     @classmethod
     def check_config(cls, model) -> None:
@@ -85,9 +86,6 @@ class FullModel(AbstractWindowModel, AbstractPaperStages):
     @property
     def first_layer_extra(self):
         return _FIRST[1:]
-
-    def normalising(self):
-        return tuple(0 not in S for S in self.model.subsets)
 
     def shares(self, blocks):
         return c_shares(blocks["C"], np.asarray(self.normalising()))
