@@ -166,7 +166,7 @@ def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, ca
 
     def fake(verdicts):
         rows = [Row("f", 1, 1, 0, verdicts[0], "finite"), Row("p", 1, 1, 0, verdicts[1], "paper")]
-        return lambda out: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
+        return lambda out, **kw: Report(rows=rows, theory={"selected": "{1}", "S_star": "{2}", "argmax_J": "{1}"})
 
     monkeypatch.setattr(gflow.runs, "check_run", fake((True, False)))
     monkeypatch.setattr(gflow.cli._outputs, "record", lambda *a, **k: None)  # the folder holds no run to record into
@@ -176,6 +176,25 @@ def test_cli_check_exit_code_follows_the_gflow_verdict(monkeypatch, tmp_path, ca
     monkeypatch.setattr(gflow.runs, "check_run", fake((False, True)))
     assert main(["check", str(tmp_path)]) == 1
     assert "paper verdict PASS; gflow verdict FAIL" in capsys.readouterr().out
+
+
+def test_cli_check_beside_a_run_of_other_data_exits_2_before_checking(checked_run, tmp_path, capsys):
+    """`gflow check DIR --beside DIR2` with DIR2 a run of another estimator seed: exit 2, one
+    message naming the key, and DIR's report untouched."""
+    import copy
+
+    from gflow.cli import main
+    from gflow.trajectory import save
+
+    out, traj, _, _ = checked_run
+    seeded = copy.deepcopy(traj)
+    seeded.config = traj.config.replace(estimator={"seed": 7})
+    other = save(seeded, tmp_path / "other")
+    before = (out / "report.md").stat().st_mtime_ns
+    assert main(["check", str(out), "--beside", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "beside[0]: its estimator differs" in err and "estimator.seed" in err
+    assert (out / "report.md").stat().st_mtime_ns == before
 
 
 def test_report_files(checked_run):
@@ -487,6 +506,32 @@ def test_stage2_rate_row_decides_for_a_first_layer_that_is_not_the_rpe(tmp_path)
         assert r.passed is False, (r.name, r.predicted, r.measured, r.tolerance)
         assert r.measured == pytest.approx(r.predicted / 2.0, rel=1e-5)
     assert slow.verdict["gflow"] == "fail"
+
+
+def test_beside_rows_measure_the_distance_to_another_run(checked_run):
+    """`check(traj, beside=[other])`: the distance to another run of the same data, model,
+    estimator and init, at the run's saved times (the other linearly interpolated). A copy of the
+    small run with C shifted by a fixed δ is at distance ‖δ‖ at every time (mean, max and end
+    exact), its ‖C‖ row reads the shifted norm; a run of another estimator seed is refused before
+    anything is computed, naming the key."""
+    import copy
+
+    out, traj, loss, report = checked_run
+    theory = json.loads((out / "theory.json").read_text())
+    other = copy.deepcopy(traj)
+    delta = np.linspace(0.01, 0.02, other.C.shape[1])
+    other.C = other.C + delta
+    rep = check(traj, theory=theory, loss=loss, beside=[other])
+    dist = next(r for r in rep.rows if r.name.startswith("beside the flow (tsit5): ‖θ − θ_tsit5‖"))
+    np.testing.assert_allclose(dist.measured, [np.linalg.norm(delta)] * 3, rtol=1e-10)
+    norm = next(r for r in rep.rows if r.name.startswith("beside the flow (tsit5): ‖C‖"))
+    assert norm.predicted == pytest.approx(float(np.linalg.norm(traj.C[-1] + delta)), rel=1e-10)
+    assert norm.measured == pytest.approx(float(np.linalg.norm(traj.C[-1])), rel=1e-12)
+    assert all(r.passed is None for r in rep.rows if r.name.startswith("beside"))
+    seeded = copy.deepcopy(traj)
+    seeded.config = traj.config.replace(estimator={"seed": 7})
+    with pytest.raises(ValueError, match=r"beside\[0\]: its estimator differs .*estimator\.seed"):
+        check(traj, theory=theory, loss=loss, beside=[seeded])
 
 
 def test_a_set_holding_the_residual_stream_is_checked_by_its_heads_and_offsets():

@@ -10,3 +10,4 @@ Layer rule: imports the layers below (``_util``, ``core``, ``dynamics``, ``theor
 from ._checks import check as check
 from ._report import Report as Report
 from ._report import Row as Row
+from ._rows_edge import check_beside as check_beside

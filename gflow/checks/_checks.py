@@ -60,7 +60,7 @@ from ..theory import Theory, theory_report, unrepresented_parents
 from ..trajectory import Trajectory, selected_set
 from ._base import Ctx, contrast, set_label
 from ._report import Report, Row
-from ._rows_edge import rows_edge, rows_gd_edge
+from ._rows_edge import check_beside, rows_beside, rows_edge, rows_gd_edge
 from ._rows_ladder import rows_ladder, rows_probes, rows_strategies
 from ._rows_laws import rows_laws
 from ._rows_stage1 import (
@@ -137,6 +137,7 @@ def check(
     pi_seed: int = 0,
     claimed_S_star=None,
     k_se: float = 4.0,
+    beside=(),
 ) -> Report:
     """Compare a run with every law of docs/theory/mathematics.md §M6 and §M8.1 (see the module
     docstring and the row functions for the rows, their claims and tolerances).
@@ -150,6 +151,9 @@ def check(
     - `loss`: the run's estimator (default: ``make_loss`` of the run's configuration).
     - `claimed_S_star`: replace ``S*`` in the paper's winner row by this set (a
       deliberately different prediction: that row then fails unless the run selected it).
+    - `beside`: other runs (:class:`Trajectory`) of the same data, model, estimator and init — a
+      GD run's flow and central flow — whose distance to this run the report gives
+      (informational rows ``beside the … run``; :func:`gflow.checks._rows_edge.rows_beside`).
     - `k_se`: how many paired standard errors the Monte Carlo parts of the tolerances allow
       (and, for a stochastic run, standard errors of the seed mean).
 
@@ -173,6 +177,8 @@ def check(
                                loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
     if list(theory.sets) != list(traj.subsets):
         raise ValueError(f"check: the theory's sets {list(theory.sets)} are not the run's 𝒮 {list(traj.subsets)}")
+    beside = tuple(beside)
+    check_beside(traj, beside)
     if claimed_S_star is not None and tuple(int(h) for h in claimed_S_star) not in traj.subsets:
         raise ValueError(f"claimed_S_star {tuple(claimed_S_star)} is not in the model's 𝒮 = {traj.subsets}")
     if traj.n_seeds:
@@ -208,6 +214,7 @@ def check(
     rows_laws(ctx)
     rows_edge(ctx)
     rows_gd_edge(ctx)
+    rows_beside(ctx, beside)
     ctx.notes.extend(f"theory: {n}" for n in theory.notes if n != unrep)
     ctx.notes.append(f"checks computed in {time.perf_counter() - t0:.1f} s")
     return Report(

@@ -120,3 +120,57 @@ def rows_gd_edge(ctx: Ctx) -> None:
     ctx.info("GD: final ‖C‖ vs √(η max_t λ_max‖C‖²/2) (the central flow's)", bound, final,
              f"ratio {final / bound:.3f}; measured 1.013 at η = 0.1 and 1.145 at η = 0.025 on the small joint "
              "flow (docs/results/gd-at-the-edge.md)", "finite")  # fmt: skip
+
+
+def _flat_run(tr) -> np.ndarray:
+    """θ at every saved time as rows ``(T, P)``: every block flattened, in name order."""
+    b = tr.blocks()
+    return np.concatenate([np.asarray(b[k], np.float64).reshape(len(tr.ts), -1) for k in sorted(b)], axis=1)
+
+
+def check_beside(traj, others) -> None:
+    """Refuse, before any computation, runs that cannot be compared with `traj` by θ: the same data,
+    model, estimator and initialisation (the methods and schedules may differ), and saved times
+    that overlap `traj`'s. ``ValueError`` naming the first section that differs."""
+    cfg = traj.config.to_dict()
+    for k, o in enumerate(others):
+        oc = o.config.to_dict()
+        for sec in ("data", "model", "estimator", "init"):
+            if oc.get(sec) != cfg.get(sec):
+                diff = sorted(key for key in set(oc[sec]) | set(cfg[sec]) if oc[sec].get(key) != cfg[sec].get(key))
+                raise ValueError(f"beside[{k}]: its {sec} differs from the run's ({', '.join(f'{sec}.{d}' for d in diff)}):"
+                                 " only runs of the same data, model, estimator and init are compared")  # fmt: skip
+        if float(o.ts[-1]) < float(traj.ts[0]) or float(o.ts[0]) > float(traj.ts[-1]):
+            raise ValueError(f"beside[{k}]: its saved times [{o.ts[0]:.4g}, {o.ts[-1]:.4g}] do not overlap the run's "
+                             f"[{traj.ts[0]:.4g}, {traj.ts[-1]:.4g}]")  # fmt: skip
+
+
+def rows_beside(ctx: Ctx, others) -> None:
+    """Informational rows comparing the run with other runs of the same data, model, estimator and
+    initialisation (``check(traj, beside=[...])``, ``gflow check DIR --beside DIR2``): for a GD
+    run, the flow and its central flow side by side. For each: ``‖θ − θ_other‖`` at the run's saved
+    times inside the other run's span (θ: every block; the other run linearly interpolated between
+    its saved times) — mean, max and at the last common time; ‖C‖ and the loss at that time."""
+    tr = ctx.traj
+    me = _flat_run(tr)
+    for o in others:
+        meth = o.config.solver.method_for("I")
+        m = {"gd": "GD", "central": "central flow", "modified": "modified flow"}.get(meth, f"flow ({meth})")
+        ts = np.asarray(tr.ts, np.float64)
+        ok = (ts >= float(o.ts[0])) & (ts <= float(o.ts[-1]))
+        ot, ov = np.asarray(o.ts, np.float64), _flat_run(o)
+        keep = np.concatenate([[True], np.diff(ot) > 0])  # a stage boundary saves its time twice
+        ot, ov = ot[keep], ov[keep]
+        ref = np.stack([np.interp(ts[ok], ot, ov[:, j]) for j in range(ov.shape[1])], axis=1)
+        dist = np.linalg.norm(me[ok] - ref, axis=1)
+        last = int(np.flatnonzero(ok)[-1])
+        where = f"{int(ok.sum())} saved times t ∈ [{ts[ok][0]:.4g}, {ts[ok][-1]:.4g}]; the {m} linearly interpolated"
+        ctx.info(f"beside the {m}: ‖θ − θ_{meth}‖ (mean, max, at the last common time)", None,
+                 [float(dist.mean()), float(dist.max()), float(dist[-1])], where, "finite")  # fmt: skip
+        oc = np.stack([np.interp(ts[last], ot, np.asarray(o.C, np.float64)[keep][:, j]) for j in range(o.C.shape[1])])
+        ctx.info(f"beside the {m}: ‖C‖ at t = {ts[last]:.4g} ({meth}, this run)", float(np.linalg.norm(oc)),
+                 float(np.linalg.norm(np.asarray(tr.C[last], np.float64))), "the selector's norm: the flow conserves it, GD's "
+                 "catapults grow it", "finite")  # fmt: skip
+        ol = float(np.interp(ts[last], ot, np.asarray(o.loss, np.float64)[keep]))
+        ctx.info(f"beside the {m}: loss at t = {ts[last]:.4g} ({meth}, this run)", ol, float(tr.loss[last]),
+                 "the saved L̂ of each (not GD's time average)", "finite")

@@ -250,7 +250,7 @@ def cmd_theory(args) -> int:
 
 
 def cmd_check(args) -> int:
-    return EXIT_OK if check_folder(Path(args.dir), quiet=False) else EXIT_VERDICT
+    return EXIT_OK if check_folder(Path(args.dir), quiet=False, beside=[Path(b) for b in args.beside]) else EXIT_VERDICT
 
 
 def cmd_sweep(args) -> int:

@@ -34,15 +34,20 @@ def record(out: Path, paths, cmd: str, quiet: bool) -> None:
               f"(gflow check writes the report, gflow plot the figures)", file=sys.stderr)  # fmt: skip
 
 
-def check_folder(out: Path, *, quiet: bool) -> bool:
-    """Check a saved run (writes its report into it, under its lock); the gflow verdict."""
+def check_folder(out: Path, *, quiet: bool, beside=()) -> bool:
+    """Check a saved run (writes its report into it, under its lock); the gflow verdict. `beside`:
+    run folders compared with it (``check(..., beside=...)``), read and vetted before anything else."""
+    from ..checks import check_beside
     from ..runs import check_run, lock
     from ..trajectory import load
 
     if not out.is_dir():
         load(out)  # not a folder: one clear error, nothing created
+    others = [load(b) for b in beside]
+    if others:
+        check_beside(load(out), others)
     with lock(out):
-        rep = check_run(out)  # reads the run first: a corrupt or foreign folder is one clear error
+        rep = check_run(out, beside=others)  # reads the run first: a corrupt or foreign folder is one clear error
         record(out, [out / "theory.json", out / "report.json", out / "report.md"], "check", quiet)
     return print_verdict(rep, quiet)
 

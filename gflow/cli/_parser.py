@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
              "report.json and report.md into the run folder and print the table and both verdicts. Exit code 1 "
              "only when the gflow verdict fails; a failing paper verdict is a result.")  # fmt: skip
     c.add_argument("dir", help="a run folder (written by gflow run)")
+    c.add_argument("--beside", action="append", default=[], metavar="DIR",
+                   help="another run folder of the same data, model, estimator and init (a GD run's flow or "
+                        "central flow): the report gives the distance between the two runs; repeat for several")  # fmt: skip
 
     sw = _sub(sub, "sweep", "one run per point of a cross product of config values, and a CSV table",
               "Run one ordinary run folder per point of the cross product of the --param values, and write "

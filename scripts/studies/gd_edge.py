@@ -27,6 +27,7 @@ Usage::
 
     python scripts/studies/gd_edge.py --out studies/gd_edge
     python scripts/studies/gd_edge.py --out studies/gd_edge --eta 0.4 0.2 0.1 0.05 0.025
+    python scripts/studies/gd_edge.py --out studies/gd_edge_13 --t1 50 --parents 1,3 --alpha 1   # a second data setting
 """
 
 from __future__ import annotations
@@ -168,11 +169,16 @@ def main() -> None:
     ap.add_argument("--t1", type=float, default=20.0)
     ap.add_argument("--L", type=int, default=20)
     ap.add_argument("--N", type=int, default=300)
+    ap.add_argument("--parents", default="1,2", help="the chain's parent offsets, comma-separated (default 1,2)")
+    ap.add_argument("--alpha", type=float, default=None, help="the Dirichlet prior's α (default: the paper's 0.1)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     times = [float(t) for t in range(1, int(args.t1) + 1)]
-    cfg = gflow.Config().replace(data={"L": args.L}, estimator={"N": args.N}, schedule={"kind": "joint", "t1": args.t1})
+    data = {"L": args.L, "parents": [int(p) for p in args.parents.split(",")]}
+    if args.alpha is not None:
+        data["alpha"] = args.alpha
+    cfg = gflow.Config().replace(data=data, estimator={"N": args.N}, schedule={"kind": "joint", "t1": args.t1})
     loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     fine = [round(0.05 * k, 10) for k in range(1, int(args.t1 / 0.05) + 1)]
     flow = gflow.integrate(cfg.replace(solver={"save_times": fine}), loss=loss)
