@@ -122,11 +122,14 @@ def test_central_flow_holds_the_edge_and_is_closer_to_gd_than_the_flow():
     # measured: mean distance 0.0110 (central) against 0.0749 (flow), at t = 20 0.0138 against 0.0919
     assert d_cf.mean() < 0.5 * d_gf.mean(), (d_cf.mean(), d_gf.mean())
     assert d_cf[-1] < 0.5 * d_gf[-1], (d_cf[-1], d_gf[-1])
-    # GD's report beside the two: the same distances (max, and at t = 20) in its `beside` rows
+    # GD's report beside the two, over all of GD's saved times (a superset of t = 1..20): the same
+    # distance at t = 20, a max at least the max at t = 1..20, the central flow's mean the smaller
     side = {r.name.split(":")[0]: r for r in gflow.check(runs["gd"], loss=loss, beside=[runs["tsit5"], runs["central"]]).rows
             if r.name.startswith("beside the") and "‖θ" in r.name}  # fmt: skip
     for key, d in (("beside the flow (tsit5)", d_gf), ("beside the central flow", d_cf)):
-        np.testing.assert_allclose(side[key].measured[1:], [d.max(), d[-1]], rtol=1e-9)
+        assert side[key].measured[2] == pytest.approx(d[-1], rel=1e-9)
+        assert side[key].measured[1] >= d.max() * (1 - 1e-9)
+    assert side["beside the central flow"].measured[0] < 0.5 * side["beside the flow (tsit5)"].measured[0]
     rep = gflow.check(runs["central"], loss=loss)
     rows = {r.name: r for r in rep.rows if r.name.startswith("central:")}
     assert rows["central: held eigenvalues at the edge (max abs(η λ_i/2 − 1))"].passed is True

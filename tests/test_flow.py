@@ -432,3 +432,19 @@ def test_evaluation_count_gd_in_program_equals_host_count(monkeypatch):
     host = _host_counted(monkeypatch, cfg)
     assert [(s.nfev, s.steps) for s in prog.stages] == [(s.nfev, s.steps) for s in host.stages]
     assert all(s.nfev == s.steps > 0 for s in prog.stages)
+
+
+def test_stage3_out_of_explicit_steps_names_the_implicit_setting():
+    """A tsit5 Stage III (moving a alone) that runs out of steps says what to set: an implicit
+    Stage III, the other stages' methods kept; another stage's failure, or an implicit Stage III's,
+    carries no such advice."""
+    import diffrax
+
+    from gflow.dynamics._flow import _failure
+
+    sc = gflow.Config().solver
+    msg = _failure(diffrax.RESULTS.max_steps_reached, False, sc, "III", ("a",))
+    assert "max_steps=100000" in msg and "solver.method = ['tsit5', 'tsit5', 'kvaerno5']" in msg
+    assert "kvaerno5" not in _failure(diffrax.RESULTS.max_steps_reached, False, sc, "II", ("w",))
+    imp = gflow.Config().replace(solver={"method": ["tsit5", "tsit5", "kvaerno5"]}).solver
+    assert "solver.method =" not in _failure(diffrax.RESULTS.max_steps_reached, False, imp, "III", ("a",))
