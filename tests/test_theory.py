@@ -557,3 +557,20 @@ def test_ordinary_rankings_tie_the_parents_with_their_supersets():
         assert rk.S_star == tuple(parents)
         assert rk.Itilde[sets.index((1, 2, 3))] < rk.Itilde[sets.index(tuple(parents))] - 5 * rk.diff_se[
             sets.index((1, 2, 3)), sets.index(tuple(parents))]
+
+
+def test_theory_text_names_no_winner_when_the_rates_are_flat():
+    """A member whose loss at a = 0 does not read C (linear_query, bilinear) has the same rate for
+    every set: the theory's text says there is no winner by the rates (not "argmax = ∅", the first
+    of a tie) and gives no linearised Stage I duration."""
+    import gflow
+    from gflow.theory import format_theory
+
+    cfg = Config().replace(data={"L": 20}, estimator={"N": 100})
+    th = gflow.theory_report(cfg.data, cfg.model, cfg.estimator, cfg.init, n_pi=50).to_json()
+    text = format_theory(th)
+    assert "argmax J = {" in text and "linearised Stage I" in text
+    th["stage1"]["J"] = [0.25] * len(th["stage1"]["J"])
+    flat = format_theory(th)
+    assert "argmax J: none — J(S) is the same for every S" in flat and "argmax J = none (flat)" in flat
+    assert "linearised Stage I" not in flat

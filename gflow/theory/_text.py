@@ -18,6 +18,12 @@ def _pm(x, se, spec=".4g"):
     return f"{x:{spec}} ± {_fmt(se, '.2g')}"
 
 
+def _flat(J) -> bool:
+    """Whether the Stage I rates are the same for every set (to rounding): no winner by them."""
+    Jv = [float(x) for x in J]
+    return len(Jv) > 1 and max(Jv) - min(Jv) <= 1e-12 * max(1.0, max(abs(x) for x in Jv))
+
+
 def rate_symbol(member: str) -> str:
     """The Stage I rate's symbol for ``model.member = member``: ``"J"`` for the paper's model,
     ``"G"`` for another member of the family (the same derivative ``−∂L̂/∂a`` at ``a = 0``,
@@ -76,7 +82,7 @@ def format_theory(theory) -> str:
         out.append(
             f"  the other rankings (§M10): argmax χ²-MI = {subset_label(tuple(mi['argmax_chi2']))}{_ties('tied_chi2')}, "
             f"argmax MI = {'—' if ami is None else subset_label(tuple(ami))}{_ties('tied_mutual_information')}, "
-            f"argmax {R} = {subset_label(tuple(s1['argmax_J']))}"
+            f"argmax {R} = {'none (flat)' if _flat(s1['J']) else subset_label(tuple(s1['argmax_J']))}"
         )
         if any(len(mi.get(k) or []) > 1 for k in ("tied_chi2", "tied_mutual_information")):
             out.append("  (the ordinary χ²-MI and MI tie a set holding every parent with its supersets: "
@@ -93,12 +99,18 @@ def format_theory(theory) -> str:
             f"{_fmt(s1['dlogc_dt_J'][i]):>14} {_fmt(s1['dlogc_dt_Itilde'][i]):>10}"
         )
     ru = "{" + ",".join(map(str, s1["runner_up"])) + "}" if s1["runner_up"] else "∅"
-    out.append(
-        f"  argmax {R} = {'{' + ','.join(map(str, s1['argmax_J'])) + '}' if s1['argmax_J'] else '∅'}; "
-        f"d/dt log(c_{mi['S_star_label']}/c_{ru}) = "
-        f"{_pm(s1['slope_Sstar_vs_runner_up_J'], s1['slope_Sstar_vs_runner_up_J_se'])} ({R}), "
-        f"{_fmt(s1['slope_Sstar_vs_runner_up_Itilde'])} (Ĩ)"
-    )
+    if _flat(s1["J"]):
+        out.append(f"  argmax {R}: none — {R}(S) is the same for every S: this member's loss at a = 0 does not read the "
+                   f"selector C (its selector is elsewhere, or the classifier starts at zero), so {R} predicts no "
+                   "Stage I winner; the flow decides it")  # fmt: skip
+        s1 = {**s1, "duration": None}
+    else:
+        out.append(
+            f"  argmax {R} = {'{' + ','.join(map(str, s1['argmax_J'])) + '}' if s1['argmax_J'] else '∅'}; "
+            f"d/dt log(c_{mi['S_star_label']}/c_{ru}) = "
+            f"{_pm(s1['slope_Sstar_vs_runner_up_J'], s1['slope_Sstar_vs_runner_up_J_se'])} ({R}), "
+            f"{_fmt(s1['slope_Sstar_vs_runner_up_Itilde'])} (Ĩ)"
+        )
     du = s1.get("duration")
     if du is not None:
         lab = "{" + ",".join(map(str, du["S"])) + "}" if du["S"] else "∅"
