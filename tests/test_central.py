@@ -44,6 +44,32 @@ def test_sdcp_two_eigenvalues_satisfy_the_complementarity(seed):
     assert abs(np.sum(X * M)) <= 1e-8 * scale * max(np.abs(X).max(), 1.0)
 
 
+def test_sdcp_residual_is_zero_at_the_solution_and_reads_an_unconverged_one():
+    """The residual the central flow's report decides (relative to ‖A‖): below 1e-10 for the
+    closed form and the converged two-eigenvalue problems; for an ill-conditioned B (condition
+    10³) the default 400 iterations stop far from the solution and the residual says so (> 1, far
+    past the report's 1e-6), and 100× the iterations solve it to 1e-9."""
+    from gflow.dynamics._central import sdcp_residual
+
+    for A, B in ((-0.3, 2.0), (0.4, 2.0)):
+        A_, B_ = jnp.array([[A]]), jnp.array(B).reshape(1, 1, 1, 1)
+        assert float(sdcp_residual(A_, B_, gflow.solve_sdcp(A_, B_))) <= 1e-15
+    rng = np.random.default_rng(0)
+    D = rng.normal(size=(2, 2, 7))
+    D = 0.5 * (D + D.transpose(1, 0, 2))
+    B, A = _gram(D, rng.uniform(0.5, 2.0, 7)), np.array([[-0.4, 0.1], [0.1, -0.2]])
+    assert float(sdcp_residual(jnp.asarray(A), jnp.asarray(B), gflow.solve_sdcp(jnp.asarray(A), jnp.asarray(B)))) < 1e-10
+    # an ill-conditioned operator on symmetric 2×2 matrices: B[X] = Σ_m μ_m ⟨E_m, X⟩ E_m over the
+    # orthonormal basis diag(1, 0), diag(0, 1), offdiag/√2 with μ = (1, 10⁻³, 1): the solution's
+    # second diagonal entry is −2A₂₂/μ₂ = 400, which accelerated gradient steps of 1/ℓ reach slowly
+    E = [np.diag([1.0, 0.0]), np.diag([0.0, 1.0]), np.array([[0.0, 1.0], [1.0, 0.0]]) / np.sqrt(2)]
+    B_bad = sum(mu * np.einsum("ij,kl->ijkl", Em, Em) for mu, Em in zip((1.0, 1e-3, 1.0), E))
+    slow = float(sdcp_residual(jnp.asarray(A), jnp.asarray(B_bad), gflow.solve_sdcp(jnp.asarray(A), jnp.asarray(B_bad))))
+    long = float(sdcp_residual(jnp.asarray(A), jnp.asarray(B_bad),
+                               gflow.solve_sdcp(jnp.asarray(A), jnp.asarray(B_bad), iterations=40_000)))  # fmt: skip
+    assert slow > 1.0 and long < 1e-9, (slow, long)  # measured 2.9 and 2.5e-11
+
+
 def test_sdcp_decoupled_directions_are_two_closed_forms():
     """B acting on the diagonal entries only, independently: X = diag(max(0, −2A_ii/B_iiii))."""
     B = np.zeros((2, 2, 2, 2))
@@ -133,6 +159,7 @@ def test_central_flow_holds_the_edge_and_is_closer_to_gd_than_the_flow():
     rep = gflow.check(runs["central"], loss=loss)
     rows = {r.name: r for r in rep.rows if r.name.startswith("central:")}
     assert rows["central: held eigenvalues at the edge (max abs(η λ_i/2 − 1))"].passed is True
+    assert rows["central: complementarity residual of X (max over recomputed states)"].passed is True
     assert rows["central: eigenvalues past the edge all held (max past − held)"].passed is True
     sp = gflow.hessian_spectrum(None, runs["tsit5"], max_times=20)
     assert sp.lam_max.max() > 10 * 20  # the flow itself goes ten times past GD's edge

@@ -13,6 +13,10 @@ from ._report import decided_row
 
 #: Saved states at which the central flow's terms are recomputed for the report (evenly spaced).
 EDGE_ROWS = 60
+#: The largest relative residual of the central flow's complementarity problem the report accepts
+#: (:func:`gflow.dynamics._central.sdcp_residual`: 0 to rounding for one held eigenvalue, about 1e-12
+#: for two or three on well-conditioned problems).
+SDCP_TOL = 1e-6
 #: Saved states of a GD run whose Hessian spectrum the report computes (evenly spaced; a run saved
 #: at every step up to this many is read whole, catapults included).
 GD_ROWS = 400
@@ -27,6 +31,9 @@ def rows_edge(ctx: Ctx) -> None:
       the measured gap is at most about EDGE_WINDOW, plus a run's start above the edge (pulled down
       at that rate): tolerance ``2·EDGE_WINDOW`` from one time unit ``η/EDGE_RATE`` after the entry
       on. Wrong answer: the eigenvalue 10 % off the edge.
+    - ``central: complementarity residual of X`` (exact): the largest relative residual of the
+      complementarity problem (:func:`gflow.dynamics._central.sdcp_residual`) over the recomputed
+      states, at most ``SDCP_TOL``; past it the report names where. Wrong answer: 10⁻².
     - ``central: eigenvalues past the edge all held`` (exact): the count at or past the edge's
       window minus the count held, at every recomputed state: 0 unless more eigenvalues reached
       the edge than ``solver.edge_eigs`` holds (raise it). Wrong answer: one unheld.
@@ -57,6 +64,14 @@ def rows_edge(ctx: Ctx) -> None:
     unheld = int(np.max(es.past - es.held))
     ctx.add(decided_row("central: eigenvalues past the edge all held (max past − held)", 0, unheld, 0, claim="exact",
                         rule=("le", 0), wrong=1))  # fmt: skip
+    kkt = float(np.max(es.kkt))
+    ctx.add(decided_row("central: complementarity residual of X (max over recomputed states)", 0.0, kkt, SDCP_TOL,
+                        claim="exact", rule=("le", SDCP_TOL), wrong=1e-2))  # fmt: skip
+    if kkt > SDCP_TOL:
+        i = int(np.argmax(es.kkt))
+        ctx.notes.append(f"warning: the central flow's complementarity problem was solved only to a relative residual "
+                         f"{kkt:.3g} at t = {float(es.ts[i]):.4g} ({int(es.held[i])} eigenvalues held): X, and the "
+                         "field there, are that inaccurate (gflow.dynamics.SDCP_ITERATIONS)")  # fmt: skip
     if unheld:
         ctx.notes.append(f"warning: {unheld} eigenvalue(s) of ΛH passed the edge 2/η unheld: raise solver.edge_eigs "
                          f"(now {sc.edge_eigs})")  # fmt: skip

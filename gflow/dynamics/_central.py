@@ -102,6 +102,24 @@ def solve_sdcp(A, B, iterations: int = SDCP_ITERATIONS):
     return X
 
 
+def sdcp_residual(A, B, X):
+    """How far X is from solving the complementarity problem of :func:`solve_sdcp`, relative to
+    the problem's scale: ``max(−λ_min(X), −λ_min(M), |⟨X, M⟩|/‖M‖) / ‖A‖`` with
+    ``M = A + ½ B[X]`` (Frobenius norms; each part 0 at the solution). The one-eigenvalue closed
+    form gives 0 to rounding; the projected gradient of two or more, what its iterations left."""
+    k = A.shape[0]
+    A = 0.5 * (A + A.T)
+    M = A + 0.5 * (B.reshape(k * k, k * k) @ X.reshape(-1)).reshape(k, k)
+    M = 0.5 * (M + M.T)
+    Xs = 0.5 * (X + X.T)
+    nA = jnp.maximum(jnp.linalg.norm(A), jnp.finfo(A.dtype).tiny)
+    nM = jnp.maximum(jnp.linalg.norm(M), jnp.finfo(A.dtype).tiny)
+    parts = jnp.stack([jnp.maximum(-jnp.linalg.eigvalsh(Xs)[0], 0.0) * nM / nA,
+                       jnp.maximum(-jnp.linalg.eigvalsh(M)[0], 0.0) / nA,
+                       jnp.abs(jnp.sum(Xs * M)) / nA])  # fmt: skip
+    return jnp.max(parts)
+
+
 # ---------------------------------------------------------------------------
 # The field
 # ---------------------------------------------------------------------------
@@ -170,7 +188,8 @@ class EdgeTerms(eqx.Module):
     the top ``K`` eigenvalues `lam` of ``Λ^{1/2}HΛ^{1/2}`` (descending) with ``U = Λ^{1/2}V`` for
     their vectors V, the number `k` held at the edge (0 … K) and the number `past` of all its
     eigenvalues at or past the edge's window (more than `k` when K is too small), X ``(K, K)``
-    (zero outside the held block), the correction ``½ Σ X_ij ∇S_ij`` (`push`) and the Hessian `H`."""
+    (zero outside the held block), the correction ``½ Σ X_ij ∇S_ij`` (`push`), the Hessian `H`
+    and the complementarity problem's residual `kkt` (:func:`sdcp_residual`; 0 with none held)."""
 
     g: jax.Array
     lam: jax.Array
@@ -180,6 +199,7 @@ class EdgeTerms(eqx.Module):
     X: jax.Array
     push: jax.Array
     H: jax.Array
+    kkt: jax.Array
 
 
 def edge_terms(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> EdgeTerms:
@@ -209,17 +229,17 @@ def edge_terms(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> EdgeTerms:
     def branch(k):
         def run(_):
             if k == 0:
-                return jnp.zeros((K, K), v.dtype), jnp.zeros_like(v)
+                return jnp.zeros((K, K), v.dtype), jnp.zeros_like(v), jnp.zeros((), v.dtype)
             D = _third(f, v, U, k)  # (k, k, n)
             A = jnp.einsum("ijn,n->ij", D, lg) + kappa * jnp.diag(edge - lam[:k])
             B = jnp.einsum("ijn,n,kln->ijkl", D, lam_diag, D)
             Xk = solve_sdcp(A, B)
             push = 0.5 * jnp.einsum("ij,ijn->n", Xk, D)
-            return jnp.zeros((K, K), v.dtype).at[:k, :k].set(Xk), push
+            return jnp.zeros((K, K), v.dtype).at[:k, :k].set(Xk), push, sdcp_residual(A, B, Xk)
         return run
 
-    X, push = jax.lax.switch(jnp.minimum(held, K), [branch(k) for k in range(K + 1)], None)
-    return EdgeTerms(g=g, lam=lam, U=U, k=held, past=jnp.sum(lam_all >= window), X=X, push=push, H=H)
+    X, push, kkt = jax.lax.switch(jnp.minimum(held, K), [branch(k) for k in range(K + 1)], None)
+    return EdgeTerms(g=g, lam=lam, U=U, k=held, past=jnp.sum(lam_all >= window), X=X, push=push, H=H, kkt=kkt)
 
 
 def central_field(sl: StageLoss, scale: dict, x: dict, eta, K: int) -> dict:
@@ -246,7 +266,9 @@ class EdgeStates:
     - `X` ``(T, K, K)``: the oscillation's covariance in the eigenbasis;
     - `loss` ``(T,)``: ``L̂(θ)``; `loss_gd` ``(T,)``: GD's predicted time-averaged loss
       ``L̂ + ½ Σ_i X_ii λ_i``; `grad2` ``(T,)``: ``‖∇L̂‖²``; `grad2_gd` ``(T,)``: GD's predicted
-      time-averaged ``‖∇L̂‖² + ⟨X, UᵀH²U⟩`` (of the moving blocks).
+      time-averaged ``‖∇L̂‖² + ⟨X, UᵀH²U⟩`` (of the moving blocks);
+    - `kkt` ``(T,)``: the complementarity problem's relative residual at each state
+      (:func:`sdcp_residual`; 0 where nothing is held).
     """
 
     ts: np.ndarray
@@ -259,6 +281,7 @@ class EdgeStates:
     loss_gd: np.ndarray
     grad2: np.ndarray
     grad2_gd: np.ndarray
+    kkt: np.ndarray
 
 
 @eqx.filter_jit
@@ -269,7 +292,7 @@ def _state_predictions(sl: StageLoss, scale: dict, x: dict, eta, K: int):
     half_sigma_h = 0.5 * jnp.sum(jnp.diag(e.X) * e.lam)
     extra = jnp.sum(e.X * (HU.T @ HU))
     g2 = jnp.sum(e.g**2)
-    return e.lam, e.k, e.past, e.X, loss, loss + half_sigma_h, g2, g2 + extra
+    return e.lam, e.k, e.past, e.X, loss, loss + half_sigma_h, g2, g2 + extra, e.kkt
 
 
 def edge_states(loss: PopulationLoss, params_list, moves_list, scales_list, ts, eta: float, K: int) -> EdgeStates:
@@ -287,4 +310,4 @@ def edge_states(loss: PopulationLoss, params_list, moves_list, scales_list, ts, 
     X = np.stack([np.pad(np.asarray(o[3]), [(0, Kk - len(o[3]))] * 2) for o in out]) if out else np.zeros((0, K, K))
     col = lambda j, dt=np.float64: np.array([o[j] for o in out], dt)  # noqa: E731
     return EdgeStates(ts=np.asarray(ts, np.float64), lam=lam, edge=2.0 / float(eta), held=col(1, int), past=col(2, int),
-                      X=X, loss=col(4), loss_gd=col(5), grad2=col(6), grad2_gd=col(7))
+                      X=X, loss=col(4), loss_gd=col(5), grad2=col(6), grad2_gd=col(7), kkt=col(8))
