@@ -279,6 +279,35 @@ def test_gd_at_the_edge_page_has_the_studys_tables_and_its_claims_hold():
     assert runs[0.025]["norm"]["gd_end"] / runs[0.025]["norm"]["bound"] == pytest.approx(1.21, abs=0.01)
 
 
+def test_gd_at_the_edge_second_setting_tables_and_claims():
+    """docs/results/gd-at-the-edge.md, its second data setting (parents (1, 3), α = 1, t₁ = 50):
+    the tables rendered from figures/gd_edge_13.json, and the section's claims from the raw
+    numbers: the central flow closer than the flow for η ≥ 0.05 and 7× farther at 0.025 (GD has
+    not left the flow), every catapult's start within 1.6 steps of the flow's prediction, the
+    angle map for the first catapult at η = 0.1, 0.05, the bound within 7 % at η = 0.4, 0.2, and
+    the central flow's evaluations at most 10.1× GD's."""
+    st = _study("gd_edge")
+    res = json.loads((ROOT / "figures" / "gd_edge_13.json").read_text())
+    page = (DOCS / "gd-at-the-edge.md").read_text()
+    for part in st.render_tables(res).split("\n\n"):
+        assert part.strip() in page
+    assert res["config"]["data"]["parents"] == [1, 3] and res["config"]["data"]["alpha"] == 1.0
+    runs = {r["eta"]: r for r in res["runs"]}
+    ratio = {eta: r["distance"]["central_mean"] / r["distance"]["flow_mean"] for eta, r in runs.items()}
+    assert all(ratio[eta] < 0.6 for eta in (0.4, 0.2, 0.1, 0.05)) and ratio[0.025] > 5, ratio
+    assert runs[0.025]["distance"]["flow_end"] < 1e-3
+    for eta, r in runs.items():
+        for c in r["catapults"]:
+            assert 0 <= c["t_start"] - c["t_start_flow"] <= 1.65 * eta + 1e-9, (eta, c)
+        assert r["cost"]["central_evaluations"] <= 10.2 * r["cost"]["gd_evaluations"]
+    for eta in (0.1, 0.05):
+        c = runs[eta]["catapults"][0]
+        assert abs(c["s_after"] - c["s_after_map"]) < 0.02, (eta, c)
+    for eta in (0.4, 0.2):
+        n = runs[eta]["norm"]
+        assert n["gd_end"] == pytest.approx(n["bound"], rel=0.075)
+
+
 def test_comparison_page_has_the_studys_tables_and_its_claims_hold():
     """docs/results/comparison.md: the three tables rendered from figures/comparison.json, no
     placeholder left, the four works' columns, and the page's claims re-derived from the raw
