@@ -440,7 +440,7 @@ def test_stage3_out_of_explicit_steps_names_the_implicit_setting():
     carries no such advice."""
     import diffrax
 
-    from gflow.dynamics._flow import _failure
+    from gflow.dynamics._solve import failure_reason as _failure
 
     sc = gflow.Config().solver
     msg = _failure(diffrax.RESULTS.max_steps_reached, False, sc, "III", ("a",))

@@ -47,7 +47,7 @@ def check_folder(out: Path, *, quiet: bool, beside=()) -> bool:
     if others:
         check_beside(load(out), others)
     with lock(out):
-        rep = check_run(out, beside=others)  # reads the run first: a corrupt or foreign folder is one clear error
+        rep = check_run(out, beside=others) if others else check_run(out)  # a corrupt or foreign run: one clear error
         record(out, [out / "theory.json", out / "report.json", out / "report.md"], "check", quiet)
     return print_verdict(rep, quiet)
 

@@ -46,6 +46,7 @@ from ._solve import (
     block_scales,
     event_coordinates,
     event_value,
+    failure_reason,
     field_options,
     fresh_carry,
     new_tag,
@@ -354,20 +355,6 @@ def _kept_rows(ts, ys: dict, t: float, y_np: dict, moves: tuple[str, ...]) -> tu
     return ts[keep], full, all(np.all(np.isfinite(v)) for v in full.values())
 
 
-def _failure(result, ok: bool, sc, name: str, moves=()) -> str:
-    """Why a stage's solve failed (``ok``: the solver itself succeeded, so the state went non-finite),
-    with what to do when Stage III, moving a alone, ran out of explicit steps: stiff at its zero."""
-    why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
-    msg = f"{why} (solver {sc.method_for(name)}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
-    if (not ok and result == diffrax.RESULTS.max_steps_reached and tuple(moves) == ("a",)
-            and sc.method_for(name) == "tsit5"):  # fmt: skip
-        m = [sc.method_for(n) for n in ("I", "II")]
-        msg += (f". Stage III moves a alone: where a sits at a fast-attracting zero of −∂L̂/∂a (a member whose value "
-                f"matrices or LayerNorm carry the scale: `value`) the field is stiff and an explicit solver's steps stay "
-                f"tiny; integrate Stage III implicitly: solver.method = ['{m[0]}', '{m[1]}', 'kvaerno5']")  # fmt: skip
-    return msg
-
-
 def stage_start(loss: PopulationLoss, y: Params, moves: tuple[str, ...]):
     """The stage's loss with its frozen work done, and whether ∇L̂ is finite at the start: two
     programs, so that the gradient's (the same shapes in every stage) compiles once a run."""
@@ -550,7 +537,7 @@ class StageRun:
         traj, sc = self.traj, self.cfg.solver
         ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
         if not ok or not finite:
-            self.fail(_failure(result, ok, sc, self.name, self.moves), float(traj.ts[-1]))
+            self.fail(failure_reason(result, ok, sc, self.name, self.moves), float(traj.ts[-1]))
             return
         if len(ts_kept):
             self.y_np = {b: v[-1] for b, v in full.items()}
