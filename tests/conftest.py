@@ -159,6 +159,7 @@ CI_TIER = {
     "tests/test_executor.py::test_point_lost_for_good_is_not_written_and_the_next_run_finishes",
     "tests/test_checks.py::test_member_law_rows_decide_for_a_member_without_the_gih",
     "tests/test_checks.py::test_stage2_rate_row_decides_for_a_first_layer_that_is_not_the_rpe",
+    "tests/test_laws.py::test_full_member_rates_of_sets_outside_the_normaliser_are_their_linear_coefficients",
     "tests/test_docs.py::test_example_tiny[replicate_bands]",
     "tests/test_docs.py::test_python_blocks_run[docs/guides/models.md]",
     "tests/test_docs.py::test_python_blocks_run[docs/guides/data.md]",

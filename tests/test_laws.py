@@ -131,7 +131,7 @@ def test_full_member_rates_of_sets_outside_the_normaliser_are_their_linear_coeff
     set holding it has no c = e_S (Σc = 0; J was NaN and `gflow theory` failed). Its J is its
     coefficient in G(c) = −∂L̂/∂a|_{a=0} = Σ_S c_S J(S) / Σ_{S∌0} c_S: checked against G computed
     directly at a random C that weights every set (to 10⁻¹⁰ relative), and those J vanish (the
-    token sets' kernel is the 10⁻²⁴ floor)."""
+    token sets' kernel is the 10⁻²⁴ floor). The small-a Stage I flow selects argmax G."""
     _cfg, loss, p = _setup("sum", member="full", N=200)
     rates = stage1_rates(loss, p.first_layer)
     assert np.all(np.isfinite(rates.J))
@@ -142,6 +142,12 @@ def test_full_member_rates_of_sets_outside_the_normaliser_are_their_linear_coeff
     G = -float(jax.grad(mean_loss)(jnp.zeros((), jnp.float64)))
     c = np.asarray(C, np.float64) ** 2
     np.testing.assert_allclose(G, float(c @ rates.J / c[norm].sum()), rtol=1e-10)
+    # the small-a flow of a·G reaches its event on the shares over the normalising sets (over every
+    # set it could not: the token sets' C stays frozen at a zero gain, and the check's Stage I rows
+    # of a Full run integrated it to τ = 10⁸); its winner is argmax G, the linear G's vertex
+    pred = laws.predict_selection(loss, p.first_layer, p.C, 0.01)
+    assert pred.selected == rates.sets[int(np.argmax(rates.J))]
+    assert pred.c_frac.max() == pytest.approx(0.99, abs=1e-6) and np.all(pred.c_frac[~norm] == 0)
 
 
 def test_small_a_rates_layer_norm_first_order_in_a():
