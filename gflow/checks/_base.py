@@ -13,6 +13,7 @@ import numpy as np
 
 from .._util import bracketed_root, mean_se, rows_of_stage
 from ..core import Params, PopulationLoss, member_of, subset_label
+from ..dynamics import block_scales
 from ..theory import Theory, rate_symbol, set_gih
 from ..trajectory import Trajectory, selected_set
 from ._report import Row
@@ -89,13 +90,12 @@ def attention_velocity(cfg, loss: PopulationLoss, blocks: dict, moves) -> np.nda
     ``dθ/dτ = −Λ ∇L̂`` that moves the blocks `moves` (Λ: ``η_w``, ``η_C`` or ``η_a`` by the
     block's group), at θ given by `blocks`: the member's own gradient pushed through its
     ``query_attention`` by a Jacobian-vector product."""
-    member = member_of(cfg.model)
     dt = loss.eps.dtype
     blocks = {b: jnp.asarray(v, dt) for b, v in blocks.items()}
     g = model_grad(loss, blocks)
-    eta = {"w": cfg.schedule.eta_w, "C": cfg.schedule.eta_C, "a": cfg.schedule.eta_a}
-    v = {b: -eta[member.block_group(b)] * g[b] if b in moves else jnp.zeros_like(g[b]) for b in blocks}
-    return np.asarray(jax.jvp(member.query_attention, (blocks,), (v,))[1], np.float64)
+    scale = block_scales(cfg, tuple(moves), dt)
+    v = {b: -scale[b] * g[b] if b in moves else jnp.zeros_like(g[b]) for b in blocks}
+    return np.asarray(jax.jvp(member_of(cfg.model).query_attention, (blocks,), (v,))[1], np.float64)
 
 
 def model_zero(loss: PopulationLoss, w, C, a_from: float, a_max: float, *, spacing: float = 0.25) -> float | None:

@@ -167,6 +167,8 @@ def check(
     cfg = traj.config
     if len(traj.ts) == 0:
         raise ValueError("check: the trajectory has no saved time")
+    beside = tuple(beside)
+    check_beside(traj, beside)  # before the theory: nothing is computed for runs that cannot be compared
     if loss is None:
         loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     if isinstance(theory, dict):
@@ -177,8 +179,6 @@ def check(
                                loss=loss, eta_C=sc.eta_C, delta=sc.delta)  # fmt: skip
     if list(theory.sets) != list(traj.subsets):
         raise ValueError(f"check: the theory's sets {list(theory.sets)} are not the run's 𝒮 {list(traj.subsets)}")
-    beside = tuple(beside)
-    check_beside(traj, beside)
     if claimed_S_star is not None and tuple(int(h) for h in claimed_S_star) not in traj.subsets:
         raise ValueError(f"claimed_S_star {tuple(claimed_S_star)} is not in the model's 𝒮 = {traj.subsets}")
     if traj.n_seeds:

@@ -167,11 +167,10 @@ def rows_beside(ctx: Ctx, others) -> None:
     times inside the other run's span (θ: every block; the other run linearly interpolated between
     its saved times) — mean, max and at the last common time; ‖C‖ and the loss at that time."""
     tr = ctx.traj
-    me = _flat_run(tr)
+    me, ts = _flat_run(tr), np.asarray(tr.ts, np.float64)
     for o in others:
         meth = o.config.solver.method_for("I")
         m = {"gd": "GD", "central": "central flow", "modified": "modified flow"}.get(meth, f"flow ({meth})")
-        ts = np.asarray(tr.ts, np.float64)
         ok = (ts >= float(o.ts[0])) & (ts <= float(o.ts[-1]))
         ot, ov = np.asarray(o.ts, np.float64), _flat_run(o)
         keep = np.concatenate([[True], np.diff(ot) > 0])  # a stage boundary saves its time twice

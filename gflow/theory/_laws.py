@@ -217,19 +217,17 @@ def predict_selection(loss: PopulationLoss, w, C0, a0: float, *, rate: float = 1
     sets = loss.model.subsets
     gain = lambda C: jnp.mean(_gain_per_sequence(loss, w, C))
     vf = lambda t, C, args: jax.grad(gain)(C)
-    # the shares over the sets that normalise κ (the Full model's token sets hold none: with them in
-    # the sum the event could never fire, their C being frozen by a zero gain)
-    norm = np.asarray(loss.member.normalising(), bool)
+    # the member's own shares: over the sets that normalise κ (the Full model's token sets hold none:
+    # with them in the sum the event could never fire, their C being frozen by a zero gain)
+    shares = lambda C: loss.member.shares({"C": C})  # noqa: E731
 
     def ev(t, y, args, **kw):
-        c = jnp.where(norm, y**2, 0.0)
-        return jnp.max(c / c.sum()) - (1.0 - delta)
+        return jnp.max(shares(y)) - (1.0 - delta)
 
     r0 = np.asarray(jax.grad(gain)(C0)) / np.asarray(C0)
     ranking = tuple(sets[i] for i in np.argsort(-r0, kind="stable"))
     sol = _select_solve(vf, ev, C0, tau_max, rtol, atol)
-    C = np.asarray(sol.ys[-1], np.float64)
-    c = np.where(norm, C**2, 0.0) / np.sum(np.where(norm, C**2, 0.0))
+    c = np.asarray(shares(np.asarray(sol.ys[-1], np.float64)), np.float64)
     tau = float(sol.ts[-1])
     hit = sol.result == diffrax.RESULTS.event_occurred
     sel = sets[int(np.argmax(c))] if hit else None
