@@ -94,6 +94,9 @@ class StageRecord:
       heads like every set gflow names (the keys of ``Theory.laws``, ``Theory.S_star``; a list
       given is stored as a tuple): on Stage I (and a joint run) once it has ended, and on Stage II,
       whose heads' concentration ends it; ``None`` on Stage III and on a stage still running.
+    - `solver`, `solver_from`: the solver the stage went on with, from the time `solver_from`,
+      when its own met a stiff stretch (``solver.stiff_switch``: a tsit5 Stage III that ran out of
+      steps goes on with kvaerno5); ``None`` when it kept the configuration's.
     """
 
     name: str
@@ -107,6 +110,8 @@ class StageRecord:
     nfev: int = 0
     wall: float = 0.0
     selected: tuple[int, ...] | None = None
+    solver: str | None = None
+    solver_from: float | None = None
 
     def __setattr__(self, name, value):
         if name == "selected" and value is not None:  # one type for a set everywhere: a tuple
@@ -325,12 +330,20 @@ class Trajectory:
         return self.blocks(i)
 
 
+def _stage_dict(rec: StageRecord) -> dict:
+    """A stage record as stored (the stiff switch's fields only where a stage switched)."""
+    d = dataclasses.asdict(rec)
+    if rec.solver is None:
+        d.pop("solver"), d.pop("solver_from")
+    return d
+
+
 def _meta(traj: Trajectory) -> dict:
     return {
         "status": traj.status,
         "generation": traj.generation,
         "config": traj.config.to_dict(),
-        "stages": [dataclasses.asdict(s) for s in traj.stages],
+        "stages": [_stage_dict(s) for s in traj.stages],
         "versions": traj.versions,
         "seed": traj.seed,
         "wall": traj.wall,

@@ -122,7 +122,8 @@ def _run_summary(traj: Trajectory) -> dict:
         "method": cfg.solver.method if isinstance(cfg.solver.method, str) else list(cfg.solver.method),
         "n_saved": len(traj.ts),
         "wall_s": traj.wall,
-        "stages": [{k: getattr(s, k) for k in keys} for s in traj.stages],
+        "stages": [{**{k: getattr(s, k) for k in keys},
+                    **({"solver": s.solver, "solver_from": s.solver_from} if s.solver else {})} for s in traj.stages],
         "final_loss": float(traj.loss[-1]) if len(traj.ts) else None,
         "final_loss_se": float(traj.loss_se[-1]) if len(traj.ts) else None,
     }

@@ -215,6 +215,7 @@ class Report:
                 f"status {r.get('status', '?')}; "
                 + "; ".join(
                     f"{s['name']}: t ∈ [{s['t0']:.4g}, {s['t1']:.4g}] ended by {s['ended_by']}"
+                    + (f" (stiff: {s['solver']} from t = {s['solver_from']:.6g})" if s.get("solver") else "")
                     for s in r.get("stages", [])
                 )
             )

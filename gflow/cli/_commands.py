@@ -207,7 +207,8 @@ def _run(args, cfg, out: Path) -> int:
     if not args.quiet:
         for st in traj.stages:
             print(f"  Stage {st.name}: t = {st.t0:.4g} -> {st.t1:.4g} ({st.ended_by}), steps {st.steps}, "
-                  f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s")  # fmt: skip
+                  f"rejected {st.rejected}, vector-field evaluations {st.nfev}, {st.wall:.1f} s"
+                  + (f"; stiff: {st.solver} from t = {st.solver_from:.6g} (solver.stiff_switch)" if st.solver else ""))  # fmt: skip
         if traj.n_seeds:
             print(f"  {traj.n_seeds} seeds ({cfg.solver.method}); report and figures on their mean and spread")
         print(f"  wall time {time.perf_counter() - t0:.1f} s; trajectory in {out}")

@@ -149,6 +149,12 @@ class SolverConfig(eqx.Module):
       ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
       losing weights; CHANGELOG.md, the joint flow in log coordinates), ``"C"`` in C itself.
       Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
+    - `stiff_switch`: when a Stage III that moves a alone runs out of steps under tsit5
+      (``max_steps`` in one decade: at a fast-attracting zero of −∂L̂/∂a the 1-d flow is stiff,
+      as for the ``value`` member, whose value matrices carry the classifier's scale), redo that
+      decade from its last saved point and go on with kvaerno5 (default ``true``). The stage
+      record says so (``StageRecord.solver``, ``solver_from``), as do the report's run line and
+      ``gflow run``'s summary; ``false``: the stage fails (exit 3) with that advice.
     - `edge_eigs`: the most eigenvalues of ``ΛH`` the central flow holds at the edge at once
       (an integer ``>= 1``, default 2; ``"central"`` only): each held eigenvalue costs a
       third-derivative product per pair, and a further one past the edge is not held (the
@@ -168,6 +174,7 @@ class SolverConfig(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
     joint_coords: str = eqx.field(static=True, default="log")
     edge_eigs: int = eqx.field(static=True, default=2)
+    stiff_switch: bool = eqx.field(static=True, default=True)
 
     def method_for(self, stage: str) -> str:
         """The solver used for a stage (``"I"``, ``"II"``, ``"III"``; ``"joint"``
@@ -231,8 +238,9 @@ class SolverConfig(eqx.Module):
                 raise ValueError(f"solver.{name} must be an integer >= {lo}, got {v!r}")
         if self.joint_coords not in _JOINT_COORDS:
             raise ValueError(f"solver.joint_coords must be one of {_JOINT_COORDS}, got {self.joint_coords!r}")
-        if not isinstance(self.progress, bool):
-            raise ValueError(f"solver.progress must be true or false, got {self.progress!r}")
+        for name in ("progress", "stiff_switch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"solver.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 def _check_count(sec: str, obj, name: str, lo: int) -> None:
@@ -529,6 +537,7 @@ KEY_TYPES: dict[str, KeyType] = {
     "solver.progress": _BOOL,
     "solver.joint_coords": _STR,
     "solver.edge_eigs": _INT,
+    "solver.stiff_switch": _BOOL,
     "estimator.N": _INT,
     "estimator.seed": _INT,
     "estimator.eps": _FLOAT,

@@ -18,8 +18,8 @@ from ._dense import DenseSolution as DenseSolution
 from ._dense import dense_solution as dense_solution
 from ._edge import central_predictions as central_predictions
 from ._flow import FlowError as FlowError
-from ._flow import check_resumable as check_resumable
 from ._flow import integrate as integrate
+from ._resume import check_resumable as check_resumable
 from ._sde import SDEConfig as SDEConfig
 from ._sde import sde as sde
 from ._sde import sde_settings as sde_settings

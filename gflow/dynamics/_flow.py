@@ -38,6 +38,8 @@ from .._util import STAGE_CODES, cached_call, prepare_call, versions
 from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss, member_of
 from ..trajectory import WRITING, StageRecord, Trajectory
+from ._ahead import AheadOfTime
+from ._resume import check_resumable
 from ._solve import (
     COUNTS,
     LogC,
@@ -264,52 +266,6 @@ def index_of_stage(name: str) -> int:
     return STAGE_CODES[name]
 
 
-# Settings that may differ on resume: they do not change the trajectory already saved.
-# (schedule.durations / t1 may grow, see check_resumable.) Every other key must be equal.
-_RESUME_FREE = {"solver.max_steps", "solver.progress", "schedule.durations", "schedule.t1"}
-
-
-def check_resumable(saved: Trajectory, new: Config) -> None:
-    """Refuse to resume ``saved`` with a configuration that would not have produced the trajectory
-    saved so far: ``ValueError`` naming the key and both values.
-
-    Every key must be equal except :data:`_RESUME_FREE`. Choices (extension; the paper does not
-    resume): a stage's duration may change only if the saved trajectory stays what the new duration
-    gives — a stage completed at its event may get any duration >= its length; the stage run last (or
-    running) may get a longer one (it is extended); an earlier stage completed at its duration must
-    keep it. The joint ``t1`` may only grow."""
-    a, b = saved.config.to_dict(), new.to_dict()
-    for sec in a:
-        for k in sorted(set(a[sec]) | set(b.get(sec, {}))):
-            key, va, vb = f"{sec}.{k}", a[sec].get(k), b.get(sec, {}).get(k)
-            if key not in _RESUME_FREE and va != vb:
-                raise ValueError(
-                    f"cannot resume: {key} = {vb!r} differs from the saved run's {va!r} (it defines the "
-                    "trajectory saved so far; use the saved value, or start a new run with --overwrite)"
-                )
-    if new.schedule.kind == "joint":
-        if new.schedule.t1 < saved.config.schedule.t1 and float(saved.ts[-1]) > new.schedule.t1:
-            raise ValueError(
-                f"cannot resume: schedule.t1 = {new.schedule.t1!r} is before the saved run's time "
-                f"{float(saved.ts[-1])!r} (saved with {saved.config.schedule.t1!r})"
-            )
-        return
-    old_d, new_d = saved.config.schedule.durations, new.schedule.durations
-    for i, (name, rec) in enumerate((r.name, r) for r in saved.stages):
-        j = ("I", "II", "III").index(name)
-        if new_d[j] == old_d[j]:
-            continue
-        last = rec is saved.stages[-1]
-        length = rec.t1 - rec.t0
-        fine = (rec.ended_by == "event" and new_d[j] >= length) or (last and new_d[j] > old_d[j])
-        if not fine:
-            raise ValueError(
-                f"cannot resume: schedule.durations[{j}] (Stage {name}) = {new_d[j]!r} differs from the saved "
-                f"run's {old_d[j]!r}, and Stage {name} ({rec.ended_by}, length {length:.6g}) would not be the "
-                "saved one: only the last stage run may be extended"
-            )
-
-
 def _append(traj: Trajectory, loss: PopulationLoss, ts: np.ndarray, ys: dict, *, stage_index: int) -> None:
     """Append saved states (numpy ``{"w", "C", "a"}`` with a leading axis) with
     their loss, gradient and standard errors.
@@ -386,6 +342,11 @@ _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's s
                         "(e.g. estimator.eps = 0 with tokens absent from a context)")
 
 
+# The most steps tsit5 may be foreseen to take over a decade of a stage that moves a alone before
+# ``solver.stiff_switch`` goes on with kvaerno5 (StageRun.foresee_stiff)
+STIFF_STEPS = 10_000
+
+
 class StageRun:
     """One run's passage through one stage, on the host: everything around the
     compiled solves, shared by the single driver (:func:`run_stage`) and the
@@ -417,10 +378,13 @@ class StageRun:
         self.member = member_of(cfg.model)
         self.index = index_of_stage(rec.name)
         self.heads = self.member.heads_of(tuple(rec.selected or ())) if rec.name == "II" else ()
+        self.batched = batched
+        # the stage's solver: the configuration's, or the one a stiff switch went on with (resumed)
+        self.method = rec.solver or cfg.solver.method_for(rec.name)
         events = cfg.schedule.events and (rec.name == "I" or (rec.name == "II" and self.heads))
         self.event_stage = rec.name if events else None
         # a stage with an event also ends when it settles short of it (ended_by "steady", _steady_cond)
-        self.steady = self.event_stage is not None and cfg.solver.method_for(rec.name) != "gd"
+        self.steady = self.event_stage is not None and self.method != "gd"
         # the joint flow integrates the selector in log coordinates (LogC; η_C = 0: C is constant,
         # kept in C so that it stays bit for bit). GD steps in C, and so does the central flow:
         # its oscillation term ½X∇S need not vanish with a losing weight C_S (the eigenvectors at
@@ -435,12 +399,13 @@ class StageRun:
         # so the persistent compilation cache keeps the solve), on the host otherwise (_solve)
         # (the batched driver counts on the host: each replicate counts the batched evaluations)
         self.in_program = (not (batched or StageRun.host_count)
-                           and cfg.solver.method_for(rec.name) in ("tsit5", "gd", "modified", "central"))  # fmt: skip
+                           and self.method in ("tsit5", "gd", "modified", "central"))  # fmt: skip
         self.tag = new_tag()
         self.nfev_program = 0
         self.segs: list[np.ndarray] = []
         self.j = 0
         self.error: FlowError | None = None
+        self.switched = False  # set by :meth:`switch`; the driver rebuilds its field and solver
 
     @property
     def running(self) -> bool:
@@ -515,7 +480,7 @@ class StageRun:
         y0 = {b: self.y_np[b] for b in self.moves}
         if self.log_c:
             y0["C"] = LogC.to_log(self.y_np["C"])[1]
-        return y0, self.t, float(seg[-1]), seg
+        return y0, self.t, float(seg[-1]), np.maximum(seg, self.t)  # (a decade redone after a stiff switch)
 
     def take(self, ts, ys: dict, result, stats):
         """Count a solve's steps and keep its rows; returns the rows to append
@@ -536,6 +501,9 @@ class StageRun:
         result, finite, ts_kept, full, settled = outcome
         traj, sc = self.traj, self.cfg.solver
         ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
+        if not ok and finite and self.can_switch() and bool(result == diffrax.RESULTS.max_steps_reached):
+            self.switch(ts_kept, full, f"tsit5 ran out of steps (max_steps = {sc.max_steps})")
+            return
         if not ok or not finite:
             self.fail(failure_reason(result, ok, sc, self.name, self.moves), float(traj.ts[-1]))
             return
@@ -552,6 +520,48 @@ class StageRun:
             self.end("steady" if settled else "event")
         elif self.j == len(self.segs):
             self.end("duration")
+        self._save()
+
+    def can_switch(self) -> bool:
+        """Whether ``solver.stiff_switch`` may continue this stage implicitly: tsit5 on a stage that
+        moves a alone (not in a batch)."""
+        return (self.cfg.solver.stiff_switch and not self.batched and self.method == "tsit5"
+                and tuple(self.moves) == ("a",))  # fmt: skip
+
+    def foresee_stiff(self, carry) -> None:
+        """Between two solves of a stage that may switch: switch now when tsit5's last step would
+        take more than :data:`STIFF_STEPS` steps (or a tenth of ``max_steps``) over the next decade.
+        A stiff 1-d flow holds the explicit step at its stability bound ~3.5/|F'(a)| while each decade
+        is 10× longer (the ``value`` member: 7,439 steps over τ ∈ [0.8, 8], then 74,387); the paper's
+        Stage III takes about 100 steps in all."""
+        if not (self.running and self.can_switch()):
+            return
+        dt = float(np.asarray(jax.tree.leaves(carry)[-1]))
+        ahead = float(self.segs[self.j][-1]) - self.t
+        budget = min(STIFF_STEPS, self.cfg.solver.max_steps / 10)
+        if dt > 0 and ahead / dt > budget:
+            self.switch([], {}, f"tsit5's step {dt:.3g} would take {ahead / dt:.3g} steps over the next decade")
+
+    def switch(self, ts_kept, full, why: str) -> None:
+        """Go on with kvaerno5 from the last saved point (`why`: what made the stage stiff): a
+        failed decade's saved rows are kept (tsit5 reached them within tolerance), the rest of it is
+        solved again."""
+        if len(ts_kept):
+            self.y_np = {b: v[-1] for b, v in full.items()}
+            self.t = float(ts_kept[-1])
+        rec = self.rec
+        rec.solver, rec.solver_from, rec.t1 = "kvaerno5", self.t, self.t
+        self.method, self.in_program = "kvaerno5", False
+        self.switched = True
+        self._clock()
+        if self.verbose:
+            print(f"  stage {self.name}: {why} at t = {self.t:.6g}: stiff; going on with kvaerno5 "
+                  "(solver.stiff_switch)", flush=True)  # fmt: skip
+        seg = self.segs[self.j]
+        if not np.any(seg > self.t * (1 + 1e-12)):
+            self.j += 1
+            if self.j == len(self.segs):
+                self.end("duration")
         self._save()
 
     def carry0(self, dtype):
@@ -590,38 +600,13 @@ def run_stage(traj, rec: StageRecord, loss, cfg: Config, y: Params, t: float, t_
     return Params.from_blocks({b: jnp.asarray(v, dtype) for b, v in run.y_np.items()}), run.t
 
 
-def _solve_options(cfg: Config, name: str, event_stage, heads, steady: bool, steady_args) -> dict:
-    """The static options of a stage's :func:`solve_segment` (and ``t_stage0``)."""
+def _solve_options(cfg: Config, name: str, event_stage, heads, steady: bool, steady_args, method=None) -> dict:
+    """The static options of a stage's :func:`solve_segment` (and ``t_stage0``); `method`: the
+    stage's solver when not the configuration's (a stiff switch's)."""
     sc = cfg.solver
-    return dict(method=ode_method(sc.method_for(name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
+    return dict(method=ode_method(method or sc.method_for(name)), rtol=sc.rtol, atol=sc.atol, max_steps=sc.max_steps,
                 delta=cfg.schedule.delta, event_stage=event_stage, heads=heads, progress=sc.progress, steady=steady,
                 t_stage0=steady_args)  # fmt: skip
-
-
-class AheadOfTime:
-    """The compiled solves of Stages II and III, made in a background thread while Stage I runs (a
-    cold start's head start; :func:`prepare_stages`). Stage III's shapes and static options do not
-    depend on the earlier stages; Stage II's heads are Stage I's selection, predicted here as the set
-    whose selector weight grows fastest at the start (``argmax −∂L̂/∂C_S / C_S``, the first row of
-    the trajectory): when Stage I selects another set, Stage II compiles its own program as before.
-    The programs are the ones the stages then call (:func:`gflow._util.prepare_call`): nothing
-    changes but when they are compiled."""
-
-    def __init__(self, heads: tuple[int, ...]):
-        self.heads = heads
-        self.ready = {"II": threading.Event(), "III": threading.Event()}
-        self.thread: threading.Thread | None = None
-
-    def join(self) -> None:
-        """Wait for the thread (the integration does before it returns or raises: nothing of it
-        outlives the run, e.g. the command line's settings, restored when it ends)."""
-        if self.thread is not None:
-            self.thread.join()
-
-    def wait(self, name: str, heads: tuple[int, ...]) -> None:
-        """Before stage `name`'s first solve: wait for its program when it is the one prepared."""
-        if name in self.ready and (name == "III" or heads == self.heads):
-            self.ready[name].wait()
 
 
 def prepare_stages(cfg: Config, traj: Trajectory, loss: PopulationLoss, y: Params) -> AheadOfTime | None:
@@ -672,21 +657,29 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
     dtype = cfg.estimator.jdtype
     if run.start(bool(finite0)):
         sign_C = None if run.sign_C is None else jnp.asarray(run.sign_C, dtype)
-        tag = None if run.in_program else jnp.asarray(run.tag)
-        vf = VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C,
-                         **field_options(cfg, run.name, dtype))  # fmt: skip
+
+        def field():
+            tag = None if run.in_program else jnp.asarray(run.tag)
+            return VectorField(stage_loss=sl, scale=block_scales(cfg, run.moves, dtype), tag=tag, sign_C=sign_C,
+                               **field_options(cfg, run.name, dtype))  # fmt: skip
+
+        vf = field()
         sc = cfg.solver
         carry = run.carry0(dtype)
         steady_args = run.steady_args()
         while run.running:
+            if run.switched:  # a stiff switch: the implicit solver counts on the host, from a fresh controller
+                run.switched, vf, carry = False, field(), fresh_carry(dtype)
             y0, t0, t1, seg = run.solve_args()
             ts, ys, result, stats, carry = cached_call(solve_segment, (
                 vf, {b: jnp.asarray(v, dtype) for b, v in y0.items()}, as_f64(t0), as_f64(t1), as_f64(seg), as_f64(sc.eta),
-                carry), _solve_options(cfg, run.name, run.event_stage, run.heads, run.steady, steady_args), result_at=2,
+                carry), _solve_options(cfg, run.name, run.event_stage, run.heads, run.steady, steady_args, run.method),
+                result_at=2,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
             if rows is not None:
                 _append(traj, loss, *rows, stage_index=run.index)
             run.keep_carry(rows, carry)
             run.settle(outcome)
+            run.foresee_stiff(carry)
 

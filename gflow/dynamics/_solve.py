@@ -423,7 +423,8 @@ def failure_reason(result, ok: bool, sc, name: str, moves=()) -> str:
     if not ok and result == diffrax.RESULTS.max_steps_reached and tuple(moves) == ("a",) and sc.method_for(name) == "tsit5":
         msg += (". Stage III moves a alone: at a fast-attracting zero of −∂L̂/∂a (a member whose value matrices carry the "
                 f"scale: `value`) it is stiff; integrate it implicitly: solver.method = ['{sc.method_for('I')}', "
-                f"'{sc.method_for('II')}', 'kvaerno5']")  # fmt: skip
+                f"'{sc.method_for('II')}', 'kvaerno5']"
+                + ("" if sc.stiff_switch else " (or solver.stiff_switch = true: go on with it when tsit5 stiffens)"))  # fmt: skip
     return msg
 
 

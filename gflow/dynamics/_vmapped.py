@@ -82,7 +82,6 @@ from ._flow import (
     StageRun,
     append_rows,
     check_params,
-    check_resumable,
     index_of_stage,
     integrate,
     params_from,
@@ -92,6 +91,7 @@ from ._flow import (
     stage_record,
     stage_start,
 )
+from ._resume import check_resumable
 from ._solve import (
     VectorField,
     as_f64,

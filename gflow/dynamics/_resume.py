@@ -1,0 +1,51 @@
+"""Whether a saved run may be resumed with a configuration (:func:`check_resumable`)."""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..trajectory import Trajectory
+
+# Settings that may differ on resume: they do not change the trajectory already saved.
+# (schedule.durations / t1 may grow, see check_resumable.) Every other key must be equal.
+_RESUME_FREE = {"solver.max_steps", "solver.progress", "schedule.durations", "schedule.t1"}
+
+
+def check_resumable(saved: Trajectory, new: Config) -> None:
+    """Refuse to resume ``saved`` with a configuration that would not have produced the trajectory
+    saved so far: ``ValueError`` naming the key and both values.
+
+    Every key must be equal except :data:`_RESUME_FREE`. Choices (extension; the paper does not
+    resume): a stage's duration may change only if the saved trajectory stays what the new duration
+    gives — a stage completed at its event may get any duration >= its length; the stage run last (or
+    running) may get a longer one (it is extended); an earlier stage completed at its duration must
+    keep it. The joint ``t1`` may only grow."""
+    a, b = saved.config.to_dict(), new.to_dict()
+    for sec in a:
+        for k in sorted(set(a[sec]) | set(b.get(sec, {}))):
+            key, va, vb = f"{sec}.{k}", a[sec].get(k), b.get(sec, {}).get(k)
+            if key not in _RESUME_FREE and va != vb:
+                raise ValueError(
+                    f"cannot resume: {key} = {vb!r} differs from the saved run's {va!r} (it defines the "
+                    "trajectory saved so far; use the saved value, or start a new run with --overwrite)"
+                )
+    if new.schedule.kind == "joint":
+        if new.schedule.t1 < saved.config.schedule.t1 and float(saved.ts[-1]) > new.schedule.t1:
+            raise ValueError(
+                f"cannot resume: schedule.t1 = {new.schedule.t1!r} is before the saved run's time "
+                f"{float(saved.ts[-1])!r} (saved with {saved.config.schedule.t1!r})"
+            )
+        return
+    old_d, new_d = saved.config.schedule.durations, new.schedule.durations
+    for i, (name, rec) in enumerate((r.name, r) for r in saved.stages):
+        j = ("I", "II", "III").index(name)
+        if new_d[j] == old_d[j]:
+            continue
+        last = rec is saved.stages[-1]
+        length = rec.t1 - rec.t0
+        fine = (rec.ended_by == "event" and new_d[j] >= length) or (last and new_d[j] > old_d[j])
+        if not fine:
+            raise ValueError(
+                f"cannot resume: schedule.durations[{j}] (Stage {name}) = {new_d[j]!r} differs from the saved "
+                f"run's {old_d[j]!r}, and Stage {name} ({rec.ended_by}, length {length:.6g}) would not be the "
+                "saved one: only the last stage run may be extended"
+            )
