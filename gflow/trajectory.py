@@ -95,8 +95,8 @@ class StageRecord:
       given is stored as a tuple): on Stage I (and a joint run) once it has ended, and on Stage II,
       whose heads' concentration ends it; ``None`` on Stage III and on a stage still running.
     - `solver`, `solver_from`: the solver the stage went on with, from the time `solver_from`,
-      when its own met a stiff stretch (``solver.stiff_switch``: a tsit5 Stage III that ran out of
-      steps goes on with kvaerno5); ``None`` when it kept the configuration's.
+      when its own met a stiff stretch (``solver.stiff_switch``: a tsit5 stage goes on with
+      kvaerno5); ``None`` when it kept the configuration's.
     """
 
     name: str

@@ -41,6 +41,9 @@ def test_value_stage3_switches_to_kvaerno5_and_agrees_with_an_implicit_stage3(sw
     rows = {r.name: r for r in gflow.check(switched).rows}
     row = rows["III: a at end vs a° (zero of −∂L̂/∂a at Stage III's frozen w, C)"]
     assert row.passed is True
+    # a starts at its law's zero: the member law's slope row says there is no log τ regime
+    slope = rows["III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), F = −∂L̂(θ_II, a)/∂a)"]
+    assert slope.passed is None and "no log τ regime" in slope.tolerance
     assert "stiff: kvaerno5 from t = " in gflow.check(switched).to_markdown()
 
 
@@ -82,3 +85,20 @@ def test_gd_stage1_slopes_are_held_to_gds_own_rate():
     assert not row.decide(flow[keep])  # the flow's rates are rejected for a GD run
     rel = np.abs(flow[keep] - gd[keep]) / np.abs(gd[keep])
     assert rel.max() > 5e-3
+
+
+@pytest.mark.slow
+def test_value_with_layernorm_switches_in_stage2_and_passes_its_verdict():
+    """With the official LayerNorm, the value member's Stage II is stiff too (at d = 3, L = 20,
+    N = 300 tsit5 ran out of its 10⁵ steps at t = 5,181: exit 3); it goes on with kvaerno5 and the
+    run ends with its gflow verdict, a held at its start (the LayerNorm and value matrices took the
+    classifier's growth in Stage II), so the member law's slope row has no log τ regime to decide
+    (about 4 minutes on 2 cores: its Stage II settles at t ≈ 7·10⁵)."""
+    cfg = from_dict({"model": {"member": "value", "layernorm": True}, "data": {"L": 20}, "estimator": {"N": 300}})
+    tr = gflow.integrate(cfg)
+    assert tr.stages[1].solver == "kvaerno5" and tr.stages[1].complete
+    rep = gflow.check(tr)
+    assert rep.verdict["gflow"] == "pass"
+    rows = {r.name: r for r in rep.rows}
+    slope = rows["III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), F = −∂L̂(θ_II, a)/∂a)"]
+    assert slope.passed is None and "no log τ regime" in slope.tolerance

@@ -84,9 +84,10 @@ def _rows_stage1_model(ctx: Ctx) -> None:
     fr = tr.c_frac[idx]
     early = fr.max(1) < 2.0 / ctx.nS
     pts = idx[early] if early.sum() >= 3 else idx[: min(5, idx.size)]
-    lf = np.log(np.asarray(tr.c_frac[pts], np.float64))
+    with np.errstate(divide="ignore"):  # a set outside the normaliser (the Full model's token sets) holds no share
+        lf = np.log(np.asarray(tr.c_frac[pts], np.float64))
     t = np.asarray(tr.ts[pts], np.float64)
-    others = [j for j in range(ctx.nS) if j != iA]
+    others = [j for j in range(ctx.nS) if j != iA and np.all(np.isfinite(lf[:, j]))]
     meas = np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] for j in others])
     r_pts = -2.0 * eta * np.asarray(tr.grad_C[pts], np.float64) / np.asarray(tr.C[pts], np.float64)
     r0 = np.asarray(ex.r, np.float64)

@@ -148,9 +148,12 @@ def _measured_slopes(ctx: Ctx, idx, iA: int):
     fr = tr.c_frac[idx]
     early = fr.max(1) < 2.0 / ctx.nS
     pts = idx[early] if early.sum() >= 3 else idx[: min(5, idx.size)]
-    lf = np.log(tr.c_frac[pts])
+    with np.errstate(divide="ignore"):  # a set outside the normaliser (the Full model's token sets) holds no share
+        lf = np.log(tr.c_frac[pts])
     t = tr.ts[pts]
-    return np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] if j != iA else 0.0 for j in range(ctx.nS)]), "early"
+    ok = np.all(np.isfinite(lf), axis=0)
+    return np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] if j != iA and ok[j] else (0.0 if j == iA else np.nan)
+                     for j in range(ctx.nS)]), "early"  # fmt: skip
 
 
 def rows_slopes(ctx: Ctx) -> None:

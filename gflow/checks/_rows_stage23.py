@@ -283,6 +283,13 @@ def _row_slope_paper(ctx: Ctx, d: _S3) -> None:
                  "(StageIIILaw.a), fitted on the same times", "finite")  # fmt: skip
 
 
+def _fraction(err, tol) -> float:
+    """The largest ``err/tol`` (a zero tolerance: 0 for a zero error, ∞ otherwise; the residual
+    member's one-hot copier can match the GIH's force exactly, with no sampling spread)."""
+    r = np.divide(err, tol, out=np.where(err > 0, np.inf, 0.0), where=tol > 0)
+    return float(np.max(r))
+
+
 def _row_force(ctx: Ctx, d: _S3) -> None:
     """Finite: the measured ``∂_τ a·e^a = −η_a ∂_a L̂·e^a`` (stored gradient)
     against ``η_a F(a) e^a`` at every saved time in the window; pointwise
@@ -311,8 +318,8 @@ def _row_force(ctx: Ctx, d: _S3) -> None:
         pse.append(sample_se(fm - np.asarray(fg, np.float64)))
         resid.append(abs(float(np.mean(fm)) - float(np.mean(np.asarray(model_force_per_seq(loss, w, C1, aj))))))
     tol_abs = np.abs(Flam - F) + np.asarray(resid) + ctx.k_se * np.asarray(pse)
-    used = float(np.max(np.abs(d.force[k] - F) / tol_abs))
-    wrong = float(np.max(np.abs(1.5 * d.force[k] - F) / tol_abs))
+    used = _fraction(np.abs(d.force[k] - F), tol_abs)
+    wrong = _fraction(np.abs(1.5 * d.force[k] - F), tol_abs)
     # the tolerance relative to |F(a)|, over the points where F(a) ≠ 0 (a saved a can sit on the
     # zero a* itself, where the relative size is not defined)
     nz = F != 0
@@ -395,7 +402,9 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
       a(τ) follows ``log τ`` with a slope of order one, and the slope of a against ``log τ`` over
       the saved times in it: the flow's against the law's, ``τ(a) = ∫_{a₀}^{a} da'/(η_a F(a'))``
       at the same a's (quadrature, not the flow's solver); tolerance :data:`MEMBER_SLOPE_RTOL`
-      relative; wrong answer: the slope × 1.5;
+      relative; wrong answer: the slope × 1.5. Undecided when a starts within log 2 of a° (a has
+      no plateau to leave: a member whose value matrices or LayerNorm took the classifier's growth
+      in Stage II, whose a moves by 10⁻¹¹ and whose slope is round-off);
     - the limit loss: ``L̂`` at the end against ``L̂(θ_II, a°)``, the law's limit; tolerance the
       a° row's solver budget carried through the loss (``|F(a_end)|·|a_end − a°| + 1e-12``), and
       undecided when F > 0 on the grid (no finite limit) or Stage III has not settled; wrong
@@ -424,6 +433,9 @@ def _rows_member_law(ctx: Ctx, d: _S3, a0: float | None) -> None:
     Fe = F * np.exp(grid)
     if not np.any(F > 0):
         ctx.info(name_s, "—", None, "the frozen force is not positive above a's start: no log τ regime", "finite")
+    elif top - lo_a < math.log(2.0):
+        ctx.info(name_s, "—", None, f"a starts {top - lo_a:.3g} below the law's zero a° = {top:.4g} (less than log 2): "
+                                    "no log τ regime; the classifier's scale grew in Stage II", "finite")  # fmt: skip
     else:
         k = int(np.argmax(Fe))
         ok = Fe >= 0.5 * Fe[k]

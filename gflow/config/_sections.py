@@ -149,12 +149,15 @@ class SolverConfig(eqx.Module):
       ``ℓ = log|C|`` (an exact change of variables that removes the stiff decay of the
       losing weights; CHANGELOG.md, the joint flow in log coordinates), ``"C"`` in C itself.
       Adaptive solvers of the joint schedule with ``eta_C > 0`` only; GD always steps in C.
-    - `stiff_switch`: when a Stage III that moves a alone runs out of steps under tsit5
-      (``max_steps`` in one decade: at a fast-attracting zero of −∂L̂/∂a the 1-d flow is stiff,
-      as for the ``value`` member, whose value matrices carry the classifier's scale), redo that
-      decade from its last saved point and go on with kvaerno5 (default ``true``). The stage
-      record says so (``StageRecord.solver``, ``solver_from``), as do the report's run line and
-      ``gflow run``'s summary; ``false``: the stage fails (exit 3) with that advice.
+    - `stiff_switch`: when tsit5 meets a stiff stretch in a stage of the staged schedule —
+      its last step would take more than 10,000 steps over the next decade of saves, or it ran
+      out of ``max_steps`` in one — redo that decade from its last saved point and go on with
+      kvaerno5 (default ``true``). A stiff flow holds the explicit step at its stability bound
+      while each decade is ten times longer: the ``value`` member's Stage III (a sits at a
+      fast-attracting zero of −∂L̂/∂a: its value matrices carry the classifier's scale) and,
+      with a LayerNorm, its Stage II. The stage record says so (``StageRecord.solver``,
+      ``solver_from``), as do the report's run line and ``gflow run``'s summary; ``false``: the
+      stage fails (exit 3) with advice. The joint schedule and ``integrate_batch`` do not switch.
     - `edge_eigs`: the most eigenvalues of ``ΛH`` the central flow holds at the edge at once
       (an integer ``>= 1``, default 2; ``"central"`` only): each held eigenvalue costs a
       third-derivative product per pair, and a further one past the edge is not held (the

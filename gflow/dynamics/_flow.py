@@ -342,7 +342,7 @@ _NOT_FINITE_AT_START = ("the gradient of the loss is not finite at the stage's s
                         "(e.g. estimator.eps = 0 with tokens absent from a context)")
 
 
-# The most steps tsit5 may be foreseen to take over a decade of a stage that moves a alone before
+# The most steps tsit5 may be foreseen to take over a decade of a staged schedule's stage before
 # ``solver.stiff_switch`` goes on with kvaerno5 (StageRun.foresee_stiff)
 STIFF_STEPS = 10_000
 
@@ -523,17 +523,18 @@ class StageRun:
         self._save()
 
     def can_switch(self) -> bool:
-        """Whether ``solver.stiff_switch`` may continue this stage implicitly: tsit5 on a stage that
-        moves a alone (not in a batch)."""
+        """Whether ``solver.stiff_switch`` may continue this stage implicitly: tsit5 on a stage of
+        the staged schedule (not the joint one, not in a batch)."""
         return (self.cfg.solver.stiff_switch and not self.batched and self.method == "tsit5"
-                and tuple(self.moves) == ("a",))  # fmt: skip
+                and self.name in ("I", "II", "III"))  # fmt: skip
 
     def foresee_stiff(self, carry) -> None:
         """Between two solves of a stage that may switch: switch now when tsit5's last step would
         take more than :data:`STIFF_STEPS` steps (or a tenth of ``max_steps``) over the next decade.
-        A stiff 1-d flow holds the explicit step at its stability bound ~3.5/|F'(a)| while each decade
-        is 10× longer (the ``value`` member: 7,439 steps over τ ∈ [0.8, 8], then 74,387); the paper's
-        Stage III takes about 100 steps in all."""
+        A stiff flow holds the explicit step at its stability bound ~3.5/|λ| (λ the Jacobian's most
+        negative eigenvalue) while each decade is 10× longer (the ``value`` member's Stage III: 7,439
+        steps over τ ∈ [0.8, 8], then 74,387; with a LayerNorm, its Stage II); the paper's stages take
+        about 100 steps each in all."""
         if not (self.running and self.can_switch()):
             return
         dt = float(np.asarray(jax.tree.leaves(carry)[-1]))

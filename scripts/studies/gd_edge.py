@@ -28,6 +28,7 @@ Usage::
     python scripts/studies/gd_edge.py --out studies/gd_edge
     python scripts/studies/gd_edge.py --out studies/gd_edge --eta 0.4 0.2 0.1 0.05 0.025
     python scripts/studies/gd_edge.py --out studies/gd_edge_13 --t1 50 --parents 1,3 --alpha 1   # a second data setting
+    python scripts/studies/gd_edge.py --out studies/gd_edge_pub --published --grid 3   # the published run's setting
 """
 
 from __future__ import annotations
@@ -171,6 +172,12 @@ def main() -> None:
     ap.add_argument("--N", type=int, default=300)
     ap.add_argument("--parents", default="1,2", help="the chain's parent offsets, comma-separated (default 1,2)")
     ap.add_argument("--alpha", type=float, default=None, help="the Dirichlet prior's α (default: the paper's 0.1)")
+    ap.add_argument("--published", action="store_true",
+                    help="the official published run's setting (uniform start, normalised heads, shifted windows, "
+                         "cross-entropy on the drawn token's probability, its initialisation) at --L, --N")
+    ap.add_argument("--grid", type=int, default=None,
+                    help="instead of --eta: this many η on a geometric grid from the edge at the start η_c(0) "
+                         "(excluded) down to the flow's min_t η_c (included)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -179,14 +186,22 @@ def main() -> None:
     if args.alpha is not None:
         data["alpha"] = args.alpha
     cfg = gflow.Config().replace(data=data, estimator={"N": args.N}, schedule={"kind": "joint", "t1": args.t1})
+    if args.published:  # the reference-compatible options of scripts/studies/reproduce_published_run.py
+        cfg = cfg.replace(data={"start": "uniform"}, model={"head_norm": True, "windows": "shifted"},
+                          init={"w_plus": 3.0, "w_minus": 0.1, "c0": 0.01, "a0": 0.01},
+                          estimator={"loss": "ce_on_probs", "target": "drawn"})  # fmt: skip
     loss = make_loss(cfg.data, cfg.model, cfg.estimator)
     fine = [round(0.05 * k, 10) for k in range(1, int(args.t1 / 0.05) + 1)]
     flow = gflow.integrate(cfg.replace(solver={"save_times": fine}), loss=loss)
     flow_sp = gflow.hessian_spectrum(None, flow, loss=loss)
     print(f"flow: η_c(0) = {float(flow_sp.eta_c[0]):.4g}, min_t η_c = {flow_sp.eta_c_min:.4g} at t = "
           f"{flow_sp.where_eta_c_min[0]:.4g}")  # fmt: skip
+    etas = args.eta
+    if args.grid:
+        etas = [float(f"{e:.4g}") for e in np.geomspace(float(flow_sp.eta_c[0]), flow_sp.eta_c_min, args.grid + 1)[1:]]
+        print(f"η grid: {etas}", flush=True)
     results = []
-    for eta in args.eta:
+    for eta in etas:
         f = out / f"eta_{eta:g}.json"
         if f.is_file():
             results.append(json.loads(f.read_text()))

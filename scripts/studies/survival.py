@@ -255,7 +255,8 @@ def summarise(cfg: gflow.Config, tr, parents) -> dict:
     verdict = verdict_of(gflow.check(tr, loss=loss))
     rungs = {k: (lad.mean(k), lad.se(k)) for k in ("bayes", "gih", "unigram", "flow")}
     gaps = {f"flow-{k}": lad.gap("flow", k) for k in ("bayes", "gih", "unigram")}
-    stages = [{"name": r.name, "ended_by": r.ended_by, "t0": r.t0, "t1": r.t1, "nfev": r.nfev, "wall": r.wall}
+    stages = [{"name": r.name, "ended_by": r.ended_by, "t0": r.t0, "t1": r.t1, "nfev": r.nfev, "wall": r.wall,
+               **({"solver": r.solver, "solver_from": r.solver_from} if r.solver else {})}
               for r in tr.stages]  # fmt: skip
     return {
         "selected": list(S), "share": share, "offsets": None if offs is None else list(offs),
@@ -335,6 +336,9 @@ def table(results: list[dict]) -> str:
             st += "; stage caps " + " / ".join(f"{x:g}" for x in r["durations"])
         if r.get("eta"):
             st += f"; Euler steps (gd) of η = {r['eta']:g}"
+        for s in r["stages"]:
+            if s.get("solver"):  # solver.stiff_switch
+                st += f"; Stage {s['name']} stiff: {s['solver']} from τ = {s['solver_from'] - s['t0']:.3g}"
         if fails:
             st += f"; {fails}" + ("" if r.get("completed", True) else " — numbers from the partial run")
             if r.get("completed", True):
