@@ -63,6 +63,8 @@ def one_eta(cfg, loss, eta: float, times, flow_sp) -> dict:
     t1 = times[-1]
     steps = [k * eta for k in range(1, int(np.ceil(t1 / eta - 1e-9)) + 1)]
     times = [round(t / eta) * eta for t in times]  # GD's iterates nearest to t = 1, 2, …
+    if times[-1] > cfg.schedule.t1:  # the last one after t₁ (η not dividing t₁): every run goes on to it
+        cfg = cfg.replace(schedule={"t1": times[-1]})
     flow = gflow.integrate(cfg.replace(solver={"save_times": times}), loss=loss)
     t = time.perf_counter()
     gd = gflow.integrate(cfg.replace(solver={"method": "gd", "eta": eta, "save_times": steps}), loss=loss)
