@@ -29,7 +29,7 @@ from ..theory import (
 )
 from ._base import Ctx, set_label
 from ._report import decided_row
-from ._rows_stage1 import stage1_end
+from ._rows_stage1 import early_log_shares, stage1_end
 
 #: Saved rows of Stage I (evenly spaced) at which the small-a rates are compared with the exact ones.
 STAGE1_EPS_ROWS = 9
@@ -81,12 +81,7 @@ def _rows_stage1_model(ctx: Ctx) -> None:
     ex = stage1_rates_exact(ctx.loss, p0, rate=eta)
     iA = sets.index(pred.selected) if pred.selected is not None else int(np.argmax(ex.r))
     # (i) the slopes
-    fr = tr.c_frac[idx]
-    early = fr.max(1) < 2.0 / ctx.nS
-    pts = idx[early] if early.sum() >= 3 else idx[: min(5, idx.size)]
-    with np.errstate(divide="ignore"):  # a set outside the normaliser (the Full model's token sets) holds no share
-        lf = np.log(np.asarray(tr.c_frac[pts], np.float64))
-    t = np.asarray(tr.ts[pts], np.float64)
+    pts, t, lf = early_log_shares(ctx, idx)
     others = [j for j in range(ctx.nS) if j != iA and np.all(np.isfinite(lf[:, j]))]
     meas = np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] for j in others])
     r_pts = -2.0 * eta * np.asarray(tr.grad_C[pts], np.float64) / np.asarray(tr.C[pts], np.float64)

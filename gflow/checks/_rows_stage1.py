@@ -135,6 +135,18 @@ def row_concentration(ctx: Ctx) -> None:
     )
 
 
+def early_log_shares(ctx: Ctx, idx):
+    """Early Stage I, where c is near uniform: the saved indices among `idx` while
+    ``max c/Σc < 2/|𝒮|`` (the first five when fewer than three), their times and ``log(c/Σc)``
+    (−∞ for a set outside the normaliser, which holds no share: the Full model's token sets)."""
+    tr = ctx.traj
+    early = tr.c_frac[idx].max(1) < 2.0 / ctx.nS
+    pts = idx[early] if early.sum() >= 3 else idx[: min(5, idx.size)]
+    with np.errstate(divide="ignore"):
+        lf = np.log(np.asarray(tr.c_frac[pts], np.float64))
+    return pts, np.asarray(tr.ts[pts], np.float64), lf
+
+
 def _measured_slopes(ctx: Ctx, idx, iA: int):
     """d/dt log(c_A/c_S) for every S: least squares over early Stage I (saved
     times while ``max c/Σc < 2/|𝒮|``, where c is near uniform), or, for a joint
@@ -145,12 +157,7 @@ def _measured_slopes(ctx: Ctx, idx, iA: int):
         C0 = np.asarray(tr.C[0], np.float64)
         g = -2.0 * float(ctx.cfg.schedule.eta_C) * np.asarray(tr.grad_C[0], np.float64) / C0
         return g[iA] - g, "t = 0"
-    fr = tr.c_frac[idx]
-    early = fr.max(1) < 2.0 / ctx.nS
-    pts = idx[early] if early.sum() >= 3 else idx[: min(5, idx.size)]
-    with np.errstate(divide="ignore"):  # a set outside the normaliser (the Full model's token sets) holds no share
-        lf = np.log(tr.c_frac[pts])
-    t = tr.ts[pts]
+    _, t, lf = early_log_shares(ctx, idx)
     ok = np.all(np.isfinite(lf), axis=0)
     return np.array([linear_fit(t, lf[:, iA] - lf[:, j])[0] if j != iA and ok[j] else (0.0 if j == iA else np.nan)
                      for j in range(ctx.nS)]), "early"  # fmt: skip

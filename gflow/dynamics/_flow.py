@@ -505,7 +505,7 @@ class StageRun:
             self.switch(ts_kept, full, f"tsit5 ran out of steps (max_steps = {sc.max_steps})")
             return
         if not ok or not finite:
-            self.fail(failure_reason(result, ok, sc, self.name, self.moves), float(traj.ts[-1]))
+            self.fail(failure_reason(result, ok, sc, self.name, self.moves, self.method), float(traj.ts[-1]))
             return
         if len(ts_kept):
             self.y_np = {b: v[-1] for b, v in full.items()}
@@ -537,7 +537,7 @@ class StageRun:
         about 100 steps each in all."""
         if not (self.running and self.can_switch()):
             return
-        dt = float(np.asarray(jax.tree.leaves(carry)[-1]))
+        dt = float(carry[1])  # the carry: (the PID controller's state, its last proposed step)
         ahead = float(self.segs[self.j][-1]) - self.t
         if dt > 0 and ahead / dt > STIFF_STEPS:  # (not read from max_steps: it may change on resume)
             self.switch([], {}, f"tsit5's step {dt:.3g} would take {ahead / dt:.3g} steps over the next decade")
