@@ -270,3 +270,30 @@ def test_central_flow_resumes_and_batches_as_it_integrates(tmp_path):
     for b, s in ((batch[0], whole), (batch[1], one)):
         np.testing.assert_allclose(b.C[-1], s.C[-1], rtol=1e-7, atol=1e-12)
         np.testing.assert_allclose(b.a[-1], s.a[-1], rtol=1e-7)
+
+
+def test_unsolved_complementarity_stops_the_run_with_its_reason(monkeypatch, tmp_path):
+    """A central flow whose complementarity problem is not solved at a saved state stops there with
+    the reason (the residual, the held count, the advice), keeping every saved state before it: with
+    the accepted residual set below 0, the run stops at the first saved state that holds an
+    eigenvalue, the one where the uninterrupted run's own terms first hold one."""
+    from gflow.dynamics import _central
+
+    cfg = Config().replace(data={"L": 20}, estimator={"N": 200}, schedule={"kind": "joint", "t1": 3.0},
+                           solver={"method": "central", "eta": 0.4, "save_per_decade": 4})  # fmt: skip
+    loss = make_loss(cfg.data, cfg.model, cfg.estimator)
+    whole = gflow.integrate(cfg, loss=loss)
+    held = gflow.central_predictions(whole, loss=loss).held
+    first = int(np.flatnonzero(held > 0)[0])
+    assert 1 < first < len(whole.ts) - 1
+    monkeypatch.setattr(_central, "SDCP_TOL", -1.0)
+    with pytest.raises(gflow.FlowError, match=r"complementarity problem for X was not solved at t = .*"
+                       r"relative residual .* > -1 with 1 eigenvalue\(s\) held .*solver.edge_eigs = 1") as e:  # fmt: skip
+        gflow.integrate(cfg, loss=loss, out=tmp_path / "cut")
+    part = e.value.trajectory
+    assert f"t = {whole.ts[first]:.6g}" in str(e.value)
+    assert len(part.ts) == first  # every saved state before the first held one, bit for bit
+    np.testing.assert_array_equal(part.C, whole.C[:first])
+    back = gflow.load(tmp_path / "cut")
+    assert back.status.startswith("failed: Stage joint") and back.stages[0].ended_by == "failed"
+    assert len(back.ts) == first

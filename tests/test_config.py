@@ -57,7 +57,7 @@ def test_toml_fields_are_read(tmp_path):
         ("[solver]\nmethod = ['gd', 'tsit5', 'tsit5']\n", r"solver\.method: 'gd' cannot be mixed"),
         ("[solver]\nmethod = ['sgd', 'tsit5', 'tsit5']\n", r"solver\.method: 'sgd' cannot be mixed"),
         ("[solver]\nmethod = 'sgd'\n", r"solver\.method = 'sgd' needs schedule\.kind = 'joint'"),
-        ("[solver]\nmethod = 'sdg'\n", r"solver\.method must be one of \('tsit5', 'kvaerno5', 'gd', 'modified', 'central', 'sgd', 'sde'\)"),
+        ("[solver]\nmethod = 'sdg'\n", r"solver\.method must be one of \('tsit5', 'kvaerno5', 'heun', 'gd', 'modified', 'central', 'sgd', 'sde'\)"),
         ("[solver]\nrtol = 0\n", r"solver\.rtol must be"),
         ("[solver]\nsave_per_decade = 0\n", r"solver\.save_per_decade must be an integer >= 1"),
         ("[solver]\ntau_min = 0\n", r"solver\.tau_min must be"),

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dynamics import EDGE_RATE, EDGE_WINDOW, central_predictions, find_catapults, sharpness
+from ..dynamics import EDGE_RATE, EDGE_WINDOW, SDCP_TOL, central_predictions, find_catapults, sharpness
 from ._base import Ctx
 from ._report import decided_row
 
 #: Saved states at which the central flow's terms are recomputed for the report (evenly spaced).
 EDGE_ROWS = 60
-#: The largest relative residual of the central flow's complementarity problem the report accepts
-#: (:func:`gflow.dynamics._central.sdcp_residual`: 0 to rounding for one held eigenvalue, about 1e-12
-#: for two or three on well-conditioned problems).
-SDCP_TOL = 1e-6
 #: Saved states of a GD run whose Hessian spectrum the report computes (evenly spaced; a run saved
 #: at every step up to this many is read whole, catapults included).
 GD_ROWS = 400

@@ -26,7 +26,7 @@ from ._limits import (
 )
 
 _KINDS = ("staged", "joint")
-_METHODS = ("tsit5", "kvaerno5", "gd", "modified", "central", "sgd", "sde")
+_METHODS = ("tsit5", "kvaerno5", "heun", "gd", "modified", "central", "sgd", "sde")
 METHODS = _METHODS  # every solver.method a configuration accepts (gflow run runs each)
 # The stochastic methods: R seeds (``sgd.seeds``) of a noisy training run, not one flow. ``gflow run``
 # and ``gflow.integrate`` run them (a trajectory with a seed axis); the flow integrators do not.
@@ -98,7 +98,10 @@ class SolverConfig(eqx.Module):
 
     - `method`: ``"tsit5"`` (default; adaptive explicit, PID step control),
       ``"kvaerno5"`` (adaptive implicit, for stiff stages; the ODE state is
-      only the moving block, so its Jacobian is small) or ``"gd"``
+      only the moving block, so its Jacobian is small), ``"heun"`` (adaptive explicit of
+      order 2, Euler's step its error estimate: for a field with switching surfaces, like the
+      Full model's relu⟨u_q, u_l⟩, where a higher order gains nothing across a switch and
+      Tsit5's error estimate stalls on them; docs/results/official-full.md) or ``"gd"``
       (extension: discrete gradient descent ``θ_{k+1} = θ_k − η Λ ∇L̂(θ_k)``,
       i.e. explicit Euler with the constant step ``eta``, on ``t = kη``).
       ``"modified"`` (extension, docs/theory/mathematics.md §M9): GD's first-order modified flow

@@ -12,6 +12,7 @@ from ._catapult import catapult_map as catapult_map
 from ._catapult import find_catapults as find_catapults
 from ._central import EDGE_RATE as EDGE_RATE
 from ._central import EDGE_WINDOW as EDGE_WINDOW
+from ._central import SDCP_TOL as SDCP_TOL
 from ._central import EdgeStates as EdgeStates
 from ._central import solve_sdcp as solve_sdcp
 from ._dense import DenseSolution as DenseSolution

@@ -59,6 +59,11 @@ EDGE_WINDOW = 1e-3
 EDGE_RATE = 0.1
 #: Iterations of the projected gradient of :func:`solve_sdcp` (two or more eigenvalues held).
 SDCP_ITERATIONS = 400
+#: The largest relative residual of the complementarity problem (:func:`sdcp_residual`) the central flow
+#: accepts at a saved state: 0 to rounding for one held eigenvalue, about 1e-12 for two or three on
+#: well-conditioned problems. A stage stops at the first saved state past it (:func:`unsolved_state`),
+#: and the report's row holds a run to it.
+SDCP_TOL = 1e-6
 
 
 # ---------------------------------------------------------------------------
@@ -311,3 +316,25 @@ def edge_states(loss: PopulationLoss, params_list, moves_list, scales_list, ts, 
     col = lambda j, dt=np.float64: np.array([o[j] for o in out], dt)  # noqa: E731
     return EdgeStates(ts=np.asarray(ts, np.float64), lam=lam, edge=2.0 / float(eta), held=col(1, int), past=col(2, int),
                       X=X, loss=col(4), loss_gd=col(5), grad2=col(6), grad2_gd=col(7), kkt=col(8))
+
+
+@eqx.filter_jit
+def _held_residual(sl: StageLoss, scale: dict, x: dict, eta, K: int):
+    e = edge_terms(sl, scale, x, eta, K)
+    return e.k, e.kkt
+
+
+def unsolved_state(sl: StageLoss, scale: dict, eta: float, K: int, ts, full: dict) -> tuple[int, str] | None:
+    """The first of a solve's saved states (``ts``, the blocks' rows `full`) at which the complementarity
+    problem was not solved: eigenvalues held at the edge and a relative residual past :data:`SDCP_TOL`;
+    ``(its index, the reason)``, or ``None``. Read at saved states only (one more evaluation of the
+    central flow's terms each), not at every step: a stage's solve stops at its next saved state."""
+    eta = jnp.asarray(eta, jnp.float64)
+    for i, t in enumerate(np.asarray(ts, np.float64)):
+        k, kkt = jax.device_get(_held_residual(sl, scale, {b: jnp.asarray(full[b][i]) for b in sl.moves}, eta, K))
+        if int(k) > 0 and not float(kkt) <= SDCP_TOL:
+            return i, (f"the central flow's complementarity problem for X was not solved at t = {t:.6g}: relative "
+                       f"residual {float(kkt):.3g} > {SDCP_TOL:g} with {int(k)} eigenvalue(s) held at the edge "
+                       f"({SDCP_ITERATIONS} projected-gradient iterations); hold fewer (solver.edge_eigs = "
+                       f"{max(1, min(int(k), K) - 1)}) or take a smaller solver.eta")  # fmt: skip
+    return None

@@ -25,14 +25,14 @@ import numpy as np
 
 from ..core import Params, PopulationLoss, StageLoss, make_loss, member_of
 from ..trajectory import Trajectory
-from ._solve import VectorField, block_scales, field_options, ode_method
+from ._solve import ADAPTIVE, VectorField, block_scales, field_options, ode_method
 
 _CHUNK = 16  # times per solve (padded): one compiled shape per stage
 
 
 @eqx.filter_jit
 def _solve(vf, y0, t0, ts, *, method, rtol, atol, max_steps):
-    solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
+    solver = ADAPTIVE[method]()
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf), solver, t0, ts[-1], None, y0, saveat=diffrax.SaveAt(ts=ts),
         stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol), max_steps=max_steps,

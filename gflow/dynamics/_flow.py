@@ -39,7 +39,8 @@ from ..config import Config, refuse_sgd
 from ..core import Params, PopulationLoss, StageLoss, init_params, make_loss, member_of
 from ..trajectory import WRITING, StageRecord, Trajectory
 from ._ahead import AheadOfTime
-from ._resume import check_resumable
+from ._central import unsolved_state
+from ._resume import check_params, check_resumable
 from ._solve import (
     COUNTS,
     LogC,
@@ -248,20 +249,6 @@ def stage_record(traj: Trajectory, name: str, duration: float, t: float, select=
     return rec
 
 
-def check_params(p: Params, cfg: Config) -> None:
-    ref = jax.eval_shape(lambda: init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=jnp.float64))
-    if set(p.names) != set(ref.names):
-        raise ValueError(f"params0 must have the blocks {ref.names} of model.member = {cfg.model.member!r}, "
-                         f"got {p.names}")  # fmt: skip
-    for b in ref.names:
-        shape = tuple(ref.get(b).shape)
-        x = np.asarray(p.get(b))
-        if x.shape != shape or not np.all(np.isfinite(x)):
-            raise ValueError(f"params0.{b} must be a finite array of shape {shape} for this model, got {x.shape}")
-    if not np.any(np.asarray(p.C) != 0):
-        raise ValueError("params0.C must not be all zero (c = C² would have Σc = 0)")
-
-
 def index_of_stage(name: str) -> int:
     return STAGE_CODES[name]
 
@@ -406,6 +393,7 @@ class StageRun:
         self.j = 0
         self.error: FlowError | None = None
         self.switched = False  # set by :meth:`switch`; the driver rebuilds its field and solver
+        self.unsolved: str | None = None  # a central flow's unsolved complementarity problem (:meth:`guard_central`)
 
     @property
     def running(self) -> bool:
@@ -500,6 +488,9 @@ class StageRun:
         """After the solve's rows are appended: fail, end (event or last solve), or go on."""
         result, finite, ts_kept, full, settled = outcome
         traj, sc = self.traj, self.cfg.solver
+        if self.error is None and self.unsolved is not None:
+            self.fail(self.unsolved, float(traj.ts[-1]))
+            return
         ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
         if not ok and finite and self.can_switch() and bool(result == diffrax.RESULTS.max_steps_reached):
             self.switch(ts_kept, full, f"tsit5 ran out of steps (max_steps = {sc.max_steps})")
@@ -521,6 +512,17 @@ class StageRun:
         elif self.j == len(self.segs):
             self.end("duration")
         self._save()
+
+    def guard_central(self, rows, outcome, sl):
+        """A central flow's solve keeps its saved states up to the first whose complementarity problem
+        was not solved (:func:`~gflow.dynamics._central.unsolved_state`); the stage then fails there."""
+        bad = unsolved_state(sl, block_scales(self.cfg, self.moves, jnp.float64), self.cfg.solver.eta,
+                             self.cfg.solver.edge_eigs, *rows)  # fmt: skip
+        if bad is None:
+            return rows, outcome
+        n, self.unsolved = bad
+        ts, full = rows[0][:n], {b: v[:n] for b, v in rows[1].items()}
+        return ((ts, full) if n else None), (outcome[0], outcome[1], ts, full, outcome[4])
 
     def can_switch(self) -> bool:
         """Whether ``solver.stiff_switch`` may continue this stage implicitly: tsit5 on a stage of
@@ -677,6 +679,8 @@ def _solves(run: StageRun, loss, sl, finite0) -> None:
                 result_at=2,
             )  # fmt: skip
             rows, outcome = run.take(*jax.device_get((ts, ys, result, stats)))
+            if rows is not None and run.method == "central":
+                rows, outcome = run.guard_central(rows, outcome, sl)
             if rows is not None:
                 _append(traj, loss, *rows, stage_index=run.index)
             run.keep_carry(rows, carry)

@@ -1,8 +1,14 @@
-"""Whether a saved run may be resumed with a configuration (:func:`check_resumable`)."""
+"""Whether a saved run may be resumed with a configuration (:func:`check_resumable`), and whether
+starting parameters fit a configuration (:func:`check_params`)."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from ..config import Config
+from ..core import Params, init_params
 from ..trajectory import Trajectory
 
 # Settings that may differ on resume: they do not change the trajectory already saved.
@@ -49,3 +55,17 @@ def check_resumable(saved: Trajectory, new: Config) -> None:
                 f"run's {old_d[j]!r}, and Stage {name} ({rec.ended_by}, length {length:.6g}) would not be the "
                 "saved one: only the last stage run may be extended"
             )
+
+
+def check_params(p: Params, cfg: Config) -> None:
+    ref = jax.eval_shape(lambda: init_params(cfg.model, cfg.init, d=cfg.data.d, L=cfg.data.L, dtype=jnp.float64))
+    if set(p.names) != set(ref.names):
+        raise ValueError(f"params0 must have the blocks {ref.names} of model.member = {cfg.model.member!r}, "
+                         f"got {p.names}")  # fmt: skip
+    for b in ref.names:
+        shape = tuple(ref.get(b).shape)
+        x = np.asarray(p.get(b))
+        if x.shape != shape or not np.all(np.isfinite(x)):
+            raise ValueError(f"params0.{b} must be a finite array of shape {shape} for this model, got {x.shape}")
+    if not np.any(np.asarray(p.C) != 0):
+        raise ValueError("params0.C must not be all zero (c = C² would have Σc = 0)")

@@ -136,6 +136,11 @@ def field_options(cfg: Config, stage: str, dtype) -> dict:
             "edge_k": cfg.solver.edge_eigs}
 
 
+#: The adaptive diffrax solvers of ``solver.method``: Tsit5 (5th order), Kvaerno5 (implicit, stiff stages),
+#: Heun (2nd order with Euler's embedded error: a field with switching surfaces, the Full model's).
+ADAPTIVE = {"tsit5": diffrax.Tsit5, "kvaerno5": diffrax.Kvaerno5, "heun": diffrax.Heun}
+
+
 def ode_method(method: str) -> str:
     """The diffrax solver of a ``solver.method``: the modified and central flows are integrated by
     Tsit5."""
@@ -355,7 +360,7 @@ def solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_ste
     if method == "gd":
         solver, controller = diffrax.Euler(), diffrax.ConstantStepSize()
     else:
-        solver = diffrax.Tsit5() if method == "tsit5" else diffrax.Kvaerno5()
+        solver = ADAPTIVE[method]()
         controller = _CarriedPID(diffrax.PIDController(rtol=rtol, atol=atol))
         term = diffrax.ODETerm(vf)
         pid_state, dt_prev = carry

@@ -37,7 +37,8 @@ from .._util import versions
 from ..config import Config
 from ..core import Params, PopulationLoss, init_params, make_loss, member_of
 from ..trajectory import SEED_ARRAYS, WRITING, StageRecord, Trajectory
-from ._flow import FlowError, check_params, run_options
+from ._flow import FlowError, run_options
+from ._resume import check_params
 from ._sde import sde, sde_settings
 from ._sgd import sgd, sgd_settings
 from ._solve import stats_at

@@ -81,7 +81,6 @@ from ._flow import (
     FlowError,
     StageRun,
     append_rows,
-    check_params,
     index_of_stage,
     integrate,
     params_from,
@@ -91,7 +90,7 @@ from ._flow import (
     stage_record,
     stage_start,
 )
-from ._resume import check_resumable
+from ._resume import check_params, check_resumable
 from ._solve import (
     VectorField,
     as_f64,

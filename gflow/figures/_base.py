@@ -67,7 +67,7 @@ def method_label(cfg, stage: str) -> str:
     gradient flow), ``"GD (η = 0.01)"``, ``"modified flow (η = 0.1)"``, ``"central flow (η = 0.1)"``, ``"SGD (η = 0.05, B = 20)"``,
     ``"SDE (η = 0.05, B = 20)"``."""
     m, eta = cfg.solver.method_for(stage), cfg.solver.eta
-    if m in ("tsit5", "kvaerno5"):
+    if m in ("tsit5", "kvaerno5", "heun"):
         return "flow"
     if m == "gd":
         return f"GD (η = {eta:g})"
