@@ -102,3 +102,18 @@ def test_value_with_layernorm_switches_in_stage2_and_passes_its_verdict():
     rows = {r.name: r for r in rep.rows}
     slope = rows["III: slope of a vs log τ in the member's own window (its law da/dτ = η_a F(a), F = −∂L̂(θ_II, a)/∂a)"]
     assert slope.passed is None and "no log τ regime" in slope.tolerance
+
+
+def test_switching_member_fails_with_the_fixed_step_advice_not_a_stiff_switch():
+    """The Full model's field switches (relu⟨u_q, u_l⟩): its Stage II slides along a switching
+    surface where tsit5's steps collapse (L = 20, N = 300: from t ≈ 9). The stiff switch does not
+    take it to kvaerno5 (which meets the same surfaces); the stage fails at max_steps with the
+    advice to integrate by a fixed step, keeping what it integrated."""
+    cfg = gflow.Config().replace(model={"member": "full"}, data={"L": 20}, estimator={"N": 300},
+                           solver={"max_steps": 300})  # fmt: skip
+    with pytest.raises(gflow.FlowError, match=r"Stage II failed at t = .*maximum number of solver steps.*"
+                       r"slides along a switching surface.*solver.method = 'gd'") as e:  # fmt: skip
+        gflow.integrate(cfg)
+    tr = e.value.trajectory
+    assert [s.name for s in tr.stages] == ["I", "II"] and tr.stages[1].solver is None
+    assert tr.stages[0].ended_by == "event" and tr.ts[-1] > tr.stages[1].t0

@@ -380,3 +380,24 @@ def test_comparison_page_has_the_studys_tables_and_its_claims_hold():
     for r in h.values():
         m, s = r["minus_best_single"]
         assert r["conjunction"] == (m < -st.K_SE * s)
+
+
+def test_official_full_euler_is_first_order_through_the_switches():
+    """The official Full model's window from t = 8.2 (scripts/studies/official_full_order.py): the
+    page shows the study's table; Euler's error against η/100 halves with the step (observed order
+    within 0.1 of 1, each of η/2, η/4, η/10 within 15 % of η's error divided by its divisor, in a; each
+    live head's ‖W_OV P⊥‖ at least first order, at most 2.5x faster); the shipped step's error of a is below 10⁻⁴ of the samples'
+    spread; Heun at rtol 10⁻³ is more accurate than Euler at η/10 in a."""
+    of = _study("official_full_order")
+    res = json.loads((ROOT / "figures" / "official_full_order.json").read_text())
+    assert of.table(res) in (DOCS / "official-full.md").read_text()
+    assert abs(res["order_a"] - 1) < 0.1
+    e = {int(k): r["error"] for k, r in res["euler"].items() if "error" in r}
+    assert sorted(e) == [1, 2, 4, 10]
+    for k in (2, 4, 10):
+        assert e[k]["a_rel"] == pytest.approx(e[1]["a_rel"] / k, rel=0.15)
+        for h in (0, 1):  # measured: head 1 first order, head 2 (whose products switch) 1.6-2.0x faster
+            assert 0.85 * k < e[1]["heads"][h] / e[k]["heads"][h] < 2.5 * k
+    spread = float(_study("official_full").relative_range(_official()).min())
+    assert e[1]["a_rel"] < 1e-4 * spread
+    assert res["heun"]["0.001"]["error"]["a_rel"] < e[10]["a_rel"]

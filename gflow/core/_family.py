@@ -57,6 +57,10 @@ class AbstractModel(eqx.Module):
     # whether the sets holding the token component normalise κ (Σc runs over them): the Full
     # model's official κ leaves them out (its token sets' shares are then always 0)
     token_sets_normalise: ClassVar[bool] = True
+    # whether the member's field switches: a relu of the parameters in its second layer (the Full
+    # model's relu⟨u_q, u_l⟩), so that its flow may slide along a switching surface, where an adaptive
+    # solver's steps collapse (docs/results/official-full.md); its runs integrate by GD's fixed step
+    switching: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

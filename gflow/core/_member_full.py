@@ -62,6 +62,7 @@ class FullModel(AbstractWindowModel, AbstractPaperStages):
     options = ("proj_init", "norm")
     token_component = True
     token_sets_normalise = False
+    switching = True
 
     @classmethod
     def check_config(cls, model) -> None:

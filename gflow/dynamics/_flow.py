@@ -496,7 +496,8 @@ class StageRun:
             self.switch(ts_kept, full, f"tsit5 ran out of steps (max_steps = {sc.max_steps})")
             return
         if not ok or not finite:
-            self.fail(failure_reason(result, ok, sc, self.name, self.moves, self.method), float(traj.ts[-1]))
+            self.fail(failure_reason(result, ok, sc, self.name, self.moves, self.method, member_of(self.cfg.model).switching),
+                      float(traj.ts[-1]))  # fmt: skip
             return
         if len(ts_kept):
             self.y_np = {b: v[-1] for b, v in full.items()}
@@ -526,9 +527,10 @@ class StageRun:
 
     def can_switch(self) -> bool:
         """Whether ``solver.stiff_switch`` may continue this stage implicitly: tsit5 on a stage of
-        the staged schedule (not the joint one, not in a batch)."""
+        the staged schedule (not the joint one, not in a batch), not a switching member's (an implicit
+        solver meets the same switching surfaces)."""
         return (self.cfg.solver.stiff_switch and not self.batched and self.method == "tsit5"
-                and self.name in ("I", "II", "III"))  # fmt: skip
+                and self.name in ("I", "II", "III") and not member_of(self.cfg.model).switching)  # fmt: skip
 
     def foresee_stiff(self, carry) -> None:
         """Between two solves of a stage that may switch: switch now when tsit5's last step would

@@ -421,12 +421,18 @@ def solve_segment(vf, y0, t0, t1, ts, dt0, carry, *, method, rtol, atol, max_ste
     return sol.ts, sol.ys, sol.result, stats, (pid_state, dt_last)
 
 
-def failure_reason(result, ok: bool, sc, name: str, moves=(), method: str | None = None) -> str:
+def failure_reason(result, ok: bool, sc, name: str, moves=(), method: str | None = None, switching: bool = False) -> str:
     """Why a stage's solve failed (``ok``: the solver succeeded, the state went non-finite); a stiff Stage III's
-    remedy. `method`: the stage's solver when not the configuration's (a stiff switch's)."""
+    remedy, or a switching member's (``switching``: its field slides along switching surfaces). `method`: the
+    stage's solver when not the configuration's (a stiff switch's)."""
     method = method or sc.method_for(name)
     why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
     msg = f"{why} (solver {method}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
+    if not ok and result == diffrax.RESULTS.max_steps_reached and switching:
+        return msg + (". This model's field switches (a relu of its parameters in the second layer) and its flow slides "
+                      "along a switching surface, where an adaptive solver's steps collapse: integrate it by a fixed "
+                      "step, solver.method = 'gd' with solver.eta (first order; docs/results/official-full.md measures "
+                      "the step's error)")  # fmt: skip
     if not ok and result == diffrax.RESULTS.max_steps_reached and tuple(moves) == ("a",) and method == "tsit5":
         msg += (". Stage III moves a alone: at a fast-attracting zero of −∂L̂/∂a (a member whose value matrices carry the "
                 f"scale: `value`) it is stiff; integrate it implicitly: solver.method = ['{sc.method_for('I')}', "
