@@ -35,7 +35,6 @@ import gflow
 from gflow.core import Params, make_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from official_full import run, value_norms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "scripts" / "configs" / "official_full.toml"
@@ -46,6 +45,8 @@ def window_run(base: gflow.Config, p0: Params, folder: Path, window: float, loss
     """One run of the window from `p0` (``solver``: the solver section's keys), its rows at the
     window's saved times, wall time and counts (the wall of a run loaded from its folder is the
     stored one)."""
+    from official_full import value_norms  # (on use: the tests hold another module of that name)
+
     times = [round(EVERY * k, 10) for k in range(1, int(round(window / EVERY)) + 1)]
     cfg = base.replace(schedule={"t1": window}, solver={"tau_min": EVERY, "save_per_decade": 1, "save_times": times,
                                                         **solver})  # fmt: skip
@@ -82,6 +83,8 @@ def main() -> None:
     ap.add_argument("--heun", default="1e-3,1e-4")
     ap.add_argument("--json", type=Path, default=ROOT / "figures" / "official_full_order.json")
     args = ap.parse_args()
+    from official_full import run
+
     base = gflow.load_config(CONFIG)
     eta = float(base.solver.eta)
     loss = make_loss(base.data, base.model, base.estimator)
