@@ -488,7 +488,7 @@ class StageRun:
         """After the solve's rows are appended: fail, end (event or last solve), or go on."""
         result, finite, ts_kept, full, settled = outcome
         traj, sc = self.traj, self.cfg.solver
-        if self.error is None and self.unsolved is not None:
+        if self.unsolved is not None:
             self.fail(self.unsolved, float(traj.ts[-1]))
             return
         ok = bool(result == diffrax.RESULTS.successful) or bool(result == diffrax.RESULTS.event_occurred)
@@ -517,7 +517,7 @@ class StageRun:
     def guard_central(self, rows, outcome, sl):
         """A central flow's solve keeps its saved states up to the first whose complementarity problem
         was not solved (:func:`~gflow.dynamics._central.unsolved_state`); the stage then fails there."""
-        bad = unsolved_state(sl, block_scales(self.cfg, self.moves, jnp.float64), self.cfg.solver.eta,
+        bad = unsolved_state(sl, block_scales(self.cfg, self.moves, self.cfg.estimator.jdtype), self.cfg.solver.eta,
                              self.cfg.solver.edge_eigs, *rows)  # fmt: skip
         if bad is None:
             return rows, outcome

@@ -428,7 +428,7 @@ def failure_reason(result, ok: bool, sc, name: str, moves=(), method: str | None
     method = method or sc.method_for(name)
     why = diffrax.RESULTS[result] if not ok else "the state became non-finite"
     msg = f"{why} (solver {method}, rtol={sc.rtol}, atol={sc.atol}, max_steps={sc.max_steps} per segment)"
-    if not ok and result == diffrax.RESULTS.max_steps_reached and switching:
+    if not ok and result == diffrax.RESULTS.max_steps_reached and switching and method != "gd":
         return msg + (". This model's field switches (a relu of its parameters in the second layer) and its flow slides "
                       "along a switching surface, where an adaptive solver's steps collapse: integrate it by a fixed "
                       "step, solver.method = 'gd' with solver.eta (first order; docs/results/official-full.md measures "

@@ -17,9 +17,10 @@ def save_figure(fig, path, dpi: int = 120):
     return path
 
 
-def reuse_run(cfg, out):
+def reuse_run(cfg, out, **options):
     """The complete run of `cfg` in the folder `out`: reused when it holds that run complete, else
-    integrated (again, over any other run there), so a study is resumable by rerunning it."""
+    integrated (again, over any other run there; `options`: ``gflow.integrate``'s, e.g. ``params0``,
+    ``loss``), so a study is resumable by rerunning it."""
     import gflow
 
     try:
@@ -28,4 +29,4 @@ def reuse_run(cfg, out):
             return traj
     except Exception:  # noqa: BLE001  (absent or unreadable: integrated again)
         pass
-    return gflow.integrate(cfg, out=out, overwrite=True)
+    return gflow.integrate(cfg, out=out, overwrite=True, **options)

@@ -45,17 +45,14 @@ def window_run(base: gflow.Config, p0: Params, folder: Path, window: float, loss
     """One run of the window from `p0` (``solver``: the solver section's keys), its rows at the
     window's saved times, wall time and counts (the wall of a run loaded from its folder is the
     stored one)."""
+    from _study import reuse_run
     from official_full import value_norms  # (on use: the tests hold another module of that name)
 
     times = [round(EVERY * k, 10) for k in range(1, int(round(window / EVERY)) + 1)]
     cfg = base.replace(schedule={"t1": window}, solver={"tau_min": EVERY, "save_per_decade": 1, "save_times": times,
                                                         **solver})  # fmt: skip
     t0 = time.perf_counter()
-    try:
-        tr = gflow.load(folder)
-        assert tr.integrated and tr.config == cfg
-    except Exception:  # noqa: BLE001 (absent, unfinished or another configuration: integrated)
-        tr = gflow.integrate(cfg, out=folder, overwrite=True, params0=p0, loss=loss)
+    tr = reuse_run(cfg, folder, params0=p0, loss=loss)
     idx = [int(np.argmin(np.abs(tr.ts - t))) for t in times]
     j12 = [tuple(s) for s in tr.subsets].index((1, 2))
     st = tr.stages[0]
